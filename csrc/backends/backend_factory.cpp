@@ -1,0 +1,22 @@
+// The one place that knows every backend: maps a BackendType to its
+// implementation, so the core engine stays free of backend headers.
+#include "backends/tcp/tcp_backend.h"
+#include "core/backend.h"
+
+namespace mori_torch {
+
+std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& config, const BackendContext& ctx) {
+  switch (type) {
+    case BackendType::TCP:
+      return std::make_shared<tcp::TcpBackend>(tcp::TcpConfig::FromMap(config), ctx);
+    case BackendType::XGMI:
+    case BackendType::RDMA:
+      throw Error(StatusCode::ERR_BAD_STATE, std::string("create_backend: the ") + BackendTypeName(type) +
+                                                 " backend is not available in this build of mori_torch");
+    default:
+      throw Error(StatusCode::ERR_INVALID_ARGS,
+                  "create_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
+  }
+}
+
+}  // namespace mori_torch

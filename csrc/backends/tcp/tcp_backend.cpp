@@ -1,0 +1,157 @@
+#include "backends/tcp/tcp_backend.h"
+
+#include <sys/socket.h>
+
+#include "core/logging.h"
+
+namespace mori_torch {
+namespace tcp {
+
+bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote) const {
+  return local.loc == MemoryLocationType::CPU && remote.loc == MemoryLocationType::CPU;
+}
+
+std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
+  {
+    std::shared_lock<std::shared_mutex> lk(peers_mu_);
+    auto it = peers_.find(remote.key);
+    if (it != peers_.end()) return it->second;
+  }
+  std::unique_lock<std::shared_mutex> lk(peers_mu_);
+  auto& p = peers_[remote.key];
+  if (!p) {
+    p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_);
+    if (shut_.load()) p->Close("TCP backend was removed");
+  }
+  return p;
+}
+
+void TcpBackend::RemovePeer(const std::string& key) {
+  std::shared_ptr<TcpPeer> p;
+  {
+    std::unique_lock<std::shared_mutex> lk(peers_mu_);
+    auto it = peers_.find(key);
+    if (it == peers_.end()) return;
+    p = std::move(it->second);
+    peers_.erase(it);
+  }
+  p->Close("remote engine '" + key + "' was deregistered");
+}
+
+void TcpBackend::Shutdown() {
+  if (shut_.exchange(true)) return;
+  std::unordered_map<std::string, std::shared_ptr<TcpPeer>> peers;
+  {
+    std::unique_lock<std::shared_mutex> lk(peers_mu_);
+    peers.swap(peers_);
+  }
+  for (auto& kv : peers) kv.second->Close("TCP backend was removed or its engine shut down");
+  std::lock_guard<std::mutex> lk(inbound_mu_);
+  for (int fd : inbound_fds_) ::shutdown(fd, SHUT_RDWR);
+}
+
+void TcpBackend::ServeData(const EngineDesc& peer, Socket& sock) {
+  const int fd = sock.fd();
+  {
+    std::lock_guard<std::mutex> lk(inbound_mu_);
+    if (shut_.load()) return;
+    inbound_fds_.insert(fd);
+  }
+  SetNoDelay(fd, true);
+  SetBufferSizes(fd, static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
+  SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
+               static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
+  while (!shut_.load() && ServeRequest(peer, fd)) {
+  }
+  std::lock_guard<std::mutex> lk(inbound_mu_);
+  inbound_fds_.erase(fd);
+}
+
+bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
+  if (!WaitReadable(fd, -1)) return false;
+  const Deadline deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
+  RequestHeader h;
+  IoResult r = ReadFull(fd, &h, sizeof(h), deadline);
+  if (!r.ok) {
+    if (r.error != "peer closed the connection") {
+      MORI_LOG(Warning, "TCP data connection from '" << peer.key << "': " << r.error);
+    }
+    return false;
+  }
+  if (h.magic != kRequestMagic || h.op < 1 || h.op > 3 || h.num_segs > kMaxSegmentsPerRequest) {
+    MORI_LOG(Warning, "TCP data connection from '" << peer.key << "': malformed request header (op "
+                                                   << static_cast<int>(h.op) << ", " << h.num_segs
+                                                   << " segments); closing");
+    return false;
+  }
+  std::vector<WireSegment> table(h.num_segs);
+  r = ReadFull(fd, table.data(), table.size() * sizeof(WireSegment), deadline);
+  if (!r.ok) return false;
+  uint64_t sum = 0;
+  for (const auto& s : table) {
+    if (s.size > UINT64_MAX - sum) return false;
+    sum += s.size;
+  }
+  if (sum != h.total_bytes) {
+    MORI_LOG(Warning, "TCP data connection from '" << peer.key << "': segment sizes do not add up; closing");
+    return false;
+  }
+  const auto op = static_cast<Op>(h.op);
+  if (op == Op::Notice) {
+    ctx_.notices->Arrive(peer.key, h.uid, h.parts_total);
+    return true;
+  }
+
+  // Bounds-check every range against our own registration before touching it.
+  StatusCode code = StatusCode::SUCCESS;
+  std::string msg;
+  MemoryUse use(ctx_.memory->Find(h.mem_id));
+  if (!use) {
+    code = StatusCode::ERR_NOT_FOUND;
+    msg = "memory " + std::to_string(h.mem_id) + " is not registered with engine '" + ctx_.self->key +
+          "' (deregistered?)";
+  } else {
+    for (size_t i = 0; i < table.size(); ++i) {
+      std::string e = CheckRange(use->desc, table[i].offset, table[i].size, "remote");
+      if (!e.empty()) {
+        code = StatusCode::ERR_INVALID_ARGS;
+        msg = "rejected by target: " + e;
+        break;
+      }
+    }
+  }
+  std::vector<Segment> segs;
+  if (code == StatusCode::SUCCESS) {
+    segs.reserve(table.size());
+    for (const auto& s : table) segs.push_back({0, s.offset, s.size});
+  }
+  std::vector<iovec> iov;
+  if (op == Op::Write) {
+    if (code == StatusCode::SUCCESS) {
+      AppendIovecs(use->Base(), segs, false, &iov);
+      r = ReadVFull(fd, iov, deadline);
+    } else {
+      r = Discard(fd, h.total_bytes, deadline);  // keep the stream in step
+    }
+    use.reset();
+    if (!r.ok) return false;
+  }
+  ResponseHeader rh{kResponseMagic, static_cast<uint16_t>(code), static_cast<uint16_t>(msg.size()), h.req_id, 0};
+  iov.clear();
+  iov.push_back({&rh, sizeof(rh)});
+  if (!msg.empty()) iov.push_back({&msg[0], msg.size()});
+  if (op == Op::Read && code == StatusCode::SUCCESS) {
+    rh.payload_bytes = h.total_bytes;
+    AppendIovecs(use->Base(), segs, false, &iov);
+  }
+  r = WriteVFull(fd, iov, deadline);
+  use.reset();
+  if (!r.ok) return false;
+  if (op == Op::Write && code == StatusCode::SUCCESS && (h.flags & kFlagNotify)) {
+    ctx_.notices->Arrive(peer.key, h.uid, h.parts_total);
+  }
+  return true;
+}
+
+}  // namespace tcp
+}  // namespace mori_torch

@@ -1,0 +1,72 @@
+// BackendType.TCP: host memory over plain TCP, zero-copy from and into the
+// registered buffers. Each peer gets num_data_conns connections (opened on
+// first use, reopened after a failure); transfers of at least
+// striping_threshold_bytes are striped across them.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/tcp/tcp_config.h"
+#include "backends/tcp/tcp_data_conn.h"
+#include "core/backend.h"
+
+namespace mori_torch {
+namespace tcp {
+
+class TcpPeer : public BackendPeer {
+ public:
+  TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg);
+  ~TcpPeer() override;
+  void Submit(TransferOp op) override;
+  bool Alive() const override { return !closed_.load(); }
+  // Ends everything in flight with `reason`; later submits fail at once.
+  void Close(const std::string& reason);
+
+ private:
+  // The i-th connection, (re)opened if needed; nullptr with *err on failure.
+  std::shared_ptr<DataConn> Conn(size_t i, std::string* err);
+
+  const EngineDesc self_;
+  const EngineDesc remote_;
+  const TcpConfig cfg_;
+  std::atomic<bool> closed_{false};
+  std::string close_reason_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<DataConn>> conns_;
+  std::atomic<uint64_t> next_conn_{0};
+};
+
+class TcpBackend : public Backend {
+ public:
+  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx) : cfg_(cfg), ctx_(ctx) {}
+  ~TcpBackend() override { Shutdown(); }
+  BackendType Type() const override { return BackendType::TCP; }
+  bool CanServe(const MemoryDesc& local, const MemoryDesc& remote) const override;
+  std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
+  void RemovePeer(const std::string& key) override;
+  bool AcceptsDataConnections() const override { return true; }
+  void ServeData(const EngineDesc& peer, Socket& sock) override;
+  void Shutdown() override;
+
+ private:
+  // Target side of one request; false ends the connection.
+  bool ServeRequest(const EngineDesc& peer, int fd);
+
+  const TcpConfig cfg_;
+  const BackendContext ctx_;
+  std::atomic<bool> shut_{false};
+  std::shared_mutex peers_mu_;
+  std::unordered_map<std::string, std::shared_ptr<TcpPeer>> peers_;
+  std::mutex inbound_mu_;
+  std::set<int> inbound_fds_;
+};
+
+}  // namespace tcp
+}  // namespace mori_torch

@@ -1,0 +1,30 @@
+// TcpBackendConfig: the field names and defaults of MORI's TCP backend branch.
+#pragma once
+
+#include <cstdint>
+
+#include "core/backend.h"
+
+namespace mori_torch {
+namespace tcp {
+
+struct TcpConfig {
+  int64_t sock_sndbuf_bytes = 32 << 20;
+  int64_t sock_rcvbuf_bytes = 32 << 20;
+  int64_t op_timeout_ms = 30000;
+  bool enable_keepalive = true;
+  int64_t keepalive_idle_sec = 30;
+  int64_t keepalive_intvl_sec = 10;
+  int64_t keepalive_cnt = 3;
+  bool enable_ctrl_nodelay = true;
+  int64_t num_data_conns = 8;
+  int64_t striping_threshold_bytes = 64 << 10;
+  int64_t connect_timeout_ms = 5000;
+  // mori_torch extension: record inbound completion notices on the target.
+  bool enable_notification = true;
+
+  static TcpConfig FromMap(const BackendConfig& m);
+};
+
+}  // namespace tcp
+}  // namespace mori_torch

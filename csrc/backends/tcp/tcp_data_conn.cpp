@@ -1,0 +1,213 @@
+#include "backends/tcp/tcp_data_conn.h"
+
+#include "core/logging.h"
+
+namespace mori_torch {
+namespace tcp {
+namespace {
+
+// Requests coalesced into one sendmsg loop: enough to amortize system calls
+// for small transfers, small enough to keep latency fair.
+constexpr size_t kMaxPartsPerSend = 64;
+constexpr uint64_t kMaxBytesPerSend = 8u << 20;
+
+}  // namespace
+
+void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side, std::vector<iovec>* iov) {
+  for (const auto& s : segs) {
+    if (s.size == 0) continue;
+    char* p = base + (local_side ? s.local_off : s.remote_off);
+    if (!iov->empty()) {
+      iovec& b = iov->back();
+      if (static_cast<char*>(b.iov_base) + b.iov_len == p) {
+        b.iov_len += s.size;
+        continue;
+      }
+    }
+    iov->push_back({p, s.size});
+  }
+}
+
+DataConn::DataConn(Socket sock, std::string peer_key, const TcpConfig& cfg)
+    : sock_(std::move(sock)), peer_key_(std::move(peer_key)), cfg_(cfg) {
+  sender_ = std::thread([this] { SendLoop(); });
+  receiver_ = std::thread([this] { RecvLoop(); });
+}
+
+DataConn::~DataConn() {
+  Break("connection closed");
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) receiver_.join();
+}
+
+bool DataConn::Broken() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return broken_;
+}
+
+void DataConn::Enqueue(PartPtr p) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!broken_) {
+      send_q_.push_back(std::move(p));
+      cv_.notify_all();
+      return;
+    }
+  }
+  Complete(*p, StatusCode::ERR_BAD_STATE, "TCP connection to engine '" + peer_key_ + "' is broken: " + broken_reason_);
+}
+
+void DataConn::Complete(Part& p, StatusCode code, const std::string& msg) {
+  p.use.reset();
+  if (p.tracker) p.tracker->PartDone(code, msg);
+}
+
+void DataConn::Break(const std::string& reason) {
+  std::deque<PartPtr> failed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_) return;
+    broken_ = true;
+    broken_reason_ = reason;
+    failed.swap(inflight_);
+    for (auto& p : send_q_) failed.push_back(std::move(p));
+    send_q_.clear();
+    cv_.notify_all();
+  }
+  sock_.Shutdown();
+  if (!failed.empty()) {
+    MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
+                                                   << failed.size() << " request(s)");
+  }
+  const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
+  for (auto& p : failed) Complete(*p, StatusCode::ERR_BAD_STATE, msg);
+}
+
+bool DataConn::Prepare(Part& p) {
+  if (p.op == Op::Write) {
+    p.use = MemoryUse(p.local);
+    if (!p.use) {
+      Complete(p, StatusCode::ERR_NOT_FOUND,
+               "local memory " + std::to_string(p.local->desc.id) + " was deregistered before the write was sent");
+      return false;
+    }
+  }
+  p.hdr.magic = kRequestMagic;
+  p.hdr.op = static_cast<uint8_t>(p.op);
+  p.hdr.flags = p.notify ? kFlagNotify : 0;
+  p.hdr.req_id = next_req_id_++;
+  p.hdr.uid = p.uid;
+  p.hdr.mem_id = p.mem_id;
+  p.hdr.total_bytes = p.total;
+  p.hdr.num_segs = static_cast<uint32_t>(p.segs.size());
+  p.hdr.parts_total = p.parts_total;
+  p.table.resize(p.segs.size());
+  for (size_t i = 0; i < p.segs.size(); ++i) p.table[i] = {p.segs[i].remote_off, p.segs[i].size};
+  return true;
+}
+
+void DataConn::SendLoop() {
+  std::vector<PartPtr> batch;
+  std::vector<iovec> iov;
+  while (true) {
+    batch.clear();
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return broken_ || !send_q_.empty(); });
+      if (broken_) return;
+      uint64_t bytes = 0;
+      while (!send_q_.empty() && batch.size() < kMaxPartsPerSend && bytes < kMaxBytesPerSend) {
+        PartPtr p = std::move(send_q_.front());
+        send_q_.pop_front();
+        if (!Prepare(*p)) continue;
+        bytes += p->op == Op::Write ? p->total : 0;
+        if (p->op != Op::Notice) inflight_.push_back(p);  // notices get no response
+        batch.push_back(std::move(p));
+      }
+      if (!batch.empty()) cv_.notify_all();  // wakes the receiver for the new in-flight requests
+    }
+    if (batch.empty()) continue;
+    iov.clear();
+    for (auto& p : batch) {
+      iov.push_back({&p->hdr, sizeof(p->hdr)});
+      if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});
+      if (p->op == Op::Write) AppendIovecs(p->use->Base(), p->segs, true, &iov);
+    }
+    IoResult r = WriteVFull(sock_.fd(), iov, batch.front()->deadline);
+    for (auto& p : batch) p->use.reset();
+    if (!r.ok) {
+      Break(r.timed_out ? "send timed out after " + std::to_string(cfg_.op_timeout_ms) + " ms" : r.error);
+      return;
+    }
+  }
+}
+
+void DataConn::RecvLoop() {
+  std::vector<iovec> iov;
+  std::string msg;
+  while (true) {
+    PartPtr head;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return broken_ || !inflight_.empty(); });
+      if (broken_) return;
+      head = inflight_.front();
+    }
+    ResponseHeader rh;
+    IoResult r = ReadFull(sock_.fd(), &rh, sizeof(rh), head->deadline);
+    if (!r.ok) {
+      Break(r.timed_out ? "no response within op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) : r.error);
+      return;
+    }
+    if (rh.magic != kResponseMagic || rh.req_id != head->hdr.req_id || rh.msg_len > kMaxMessageBytes) {
+      Break("protocol error: unexpected response (magic, request id or length)");
+      return;
+    }
+    msg.resize(rh.msg_len);
+    r = ReadFull(sock_.fd(), &msg[0], rh.msg_len, head->deadline);
+    auto code = static_cast<StatusCode>(rh.code);
+    if (r.ok && code == StatusCode::SUCCESS && head->op == Op::Read) {
+      if (rh.payload_bytes != head->total) {
+        Break("protocol error: read payload of " + std::to_string(rh.payload_bytes) + " bytes, expected " +
+              std::to_string(head->total));
+        return;
+      }
+      MemoryUse use(head->local);
+      if (use) {
+        iov.clear();
+        AppendIovecs(use->Base(), head->segs, true, &iov);
+        r = ReadVFull(sock_.fd(), iov, head->deadline);
+      } else {
+        r = Discard(sock_.fd(), rh.payload_bytes, head->deadline);
+        code = StatusCode::ERR_NOT_FOUND;
+        msg = "local memory " + std::to_string(head->local->desc.id) + " was deregistered during the read";
+      }
+    } else if (r.ok && rh.payload_bytes != 0) {
+      Break("protocol error: unexpected payload on a response");
+      return;
+    }
+    if (!r.ok) {
+      Break(r.timed_out ? "read payload timed out" : r.error);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (broken_) return;  // Break() already failed `head`
+      inflight_.pop_front();
+    }
+    if (code != StatusCode::SUCCESS && !IsError(code)) code = StatusCode::ERR_BAD_STATE;
+    if (IsError(code)) msg = "engine '" + peer_key_ + "': " + msg;
+    Complete(*head, code, msg);
+    if (code == StatusCode::SUCCESS && head->op == Op::Read && head->notify) {
+      auto n = std::make_shared<Part>();
+      n->op = Op::Notice;
+      n->uid = head->uid;
+      n->parts_total = head->parts_total;
+      n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
+      Enqueue(std::move(n));
+    }
+  }
+}
+
+}  // namespace tcp
+}  // namespace mori_torch

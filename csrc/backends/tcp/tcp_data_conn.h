@@ -1,0 +1,85 @@
+// Initiator side of one TCP data connection. A sender thread writes queued
+// requests back to back (several per sendmsg, payload gathered straight from
+// registered memory); a receiver thread reads the in-order responses (and
+// read payloads, scattered straight into registered memory). Any I/O error or
+// timeout breaks the connection and ends every request on it with an error.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/tcp/tcp_config.h"
+#include "backends/tcp/tcp_protocol.h"
+#include "core/memory_registry.h"
+#include "core/net.h"
+#include "core/segments.h"
+#include "core/transfer_tracker.h"
+
+namespace mori_torch {
+namespace tcp {
+
+// One request: a stripe of a transfer, or a read-completion notice.
+struct Part {
+  Op op = Op::Write;
+  bool notify = false;
+  std::shared_ptr<LocalMemory> local;  // null for notices
+  uint64_t mem_id = 0;                 // target memory id
+  std::vector<Segment> segs;
+  uint64_t total = 0;
+  TransferUid uid = 0;
+  uint32_t parts_total = 1;
+  std::shared_ptr<TransferTracker> tracker;  // null for notices
+  Deadline deadline;
+
+  // Filled by the sender.
+  RequestHeader hdr{};
+  std::vector<WireSegment> table;
+  MemoryUse use;  // write payload source, held while it is sent
+};
+using PartPtr = std::shared_ptr<Part>;
+
+class DataConn {
+ public:
+  DataConn(Socket sock, std::string peer_key, const TcpConfig& cfg);
+  ~DataConn();  // breaks the connection (ending its requests) and joins
+  DataConn(const DataConn&) = delete;
+  DataConn& operator=(const DataConn&) = delete;
+
+  // Queues a request; on a broken connection the request fails at once.
+  void Enqueue(PartPtr p);
+  bool Broken() const;
+  // Ends every queued and in-flight request with `reason`. Idempotent.
+  void Break(const std::string& reason);
+
+ private:
+  void SendLoop();
+  void RecvLoop();
+  // Fills the wire header and table; acquires write payloads. False if the
+  // part was failed instead (its local memory was deregistered).
+  bool Prepare(Part& p);
+  void Complete(Part& p, StatusCode code, const std::string& msg);
+
+  Socket sock_;
+  const std::string peer_key_;
+  const TcpConfig cfg_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<PartPtr> send_q_;
+  std::deque<PartPtr> inflight_;  // sent or being sent, in wire order
+  bool broken_ = false;
+  std::string broken_reason_;
+  uint64_t next_req_id_ = 1;
+  std::thread sender_, receiver_;
+};
+
+// Appends iovecs covering `segs` of memory at `base`, merging neighbours
+// that are adjacent in memory (whatever their other side).
+void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side, std::vector<iovec>* iov);
+
+}  // namespace tcp
+}  // namespace mori_torch

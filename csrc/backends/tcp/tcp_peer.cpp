@@ -1,0 +1,84 @@
+#include "backends/tcp/tcp_backend.h"
+#include "core/control_plane.h"
+#include "core/logging.h"
+
+namespace mori_torch {
+namespace tcp {
+
+TcpPeer::TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg)
+    : self_(self), remote_(std::move(remote)), cfg_(cfg), conns_(static_cast<size_t>(cfg.num_data_conns)) {}
+
+TcpPeer::~TcpPeer() { Close("peer removed"); }
+
+void TcpPeer::Close(const std::string& reason) {
+  std::vector<std::shared_ptr<DataConn>> conns;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_.exchange(true)) return;
+    close_reason_ = reason;
+    conns.swap(conns_);
+  }
+  for (auto& c : conns) {
+    if (c) c->Break(reason);
+  }
+  conns.clear();  // joins the connection threads
+}
+
+std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_.load()) {
+    *err = "TCP peer '" + remote_.key + "' is closed: " + close_reason_;
+    return nullptr;
+  }
+  auto& c = conns_[i];
+  if (c && !c->Broken()) return c;
+  try {
+    Socket s = OpenEngineConnection(self_, remote_, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
+                                    static_cast<int>(cfg_.connect_timeout_ms));
+    SetNoDelay(s.fd(), true);  // requests are written whole; never wait for acks
+    SetBufferSizes(s.fd(), static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
+    SetKeepalive(s.fd(), cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
+                 static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
+    c = std::make_shared<DataConn>(std::move(s), remote_.key, cfg_);  // the broken one is joined here
+    return c;
+  } catch (const Error& e) {
+    *err = e.what();
+    return nullptr;
+  }
+}
+
+void TcpPeer::Submit(TransferOp op) {
+  std::vector<Segment> segs = MergeContiguous(op.segs);
+  const uint64_t total = TotalBytes(segs);
+  const auto nconns = static_cast<uint64_t>(cfg_.num_data_conns);
+  const auto threshold = static_cast<uint64_t>(cfg_.striping_threshold_bytes);
+  uint64_t nparts = 1;
+  if (total >= threshold && nconns > 1) nparts = std::min<uint64_t>(nconns, (total + threshold - 1) / threshold);
+  auto stripes = SplitIntoStripes(segs, nparts);
+  auto tracker = std::make_shared<TransferTracker>(op.status, static_cast<uint32_t>(stripes.size()));
+  const Deadline deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
+  const uint64_t first = next_conn_.fetch_add(stripes.size(), std::memory_order_relaxed);
+  for (size_t i = 0; i < stripes.size(); ++i) {
+    std::string err;
+    auto conn = Conn((first + i) % nconns, &err);
+    if (!conn) {
+      tracker->PartDone(StatusCode::ERR_BAD_STATE, err);
+      continue;
+    }
+    auto p = std::make_shared<Part>();
+    p->op = op.is_read ? Op::Read : Op::Write;
+    p->notify = cfg_.enable_notification;
+    p->local = op.local;
+    p->mem_id = op.remote.id;
+    p->segs = std::move(stripes[i]);
+    p->total = TotalBytes(p->segs);
+    p->uid = op.uid;
+    p->parts_total = static_cast<uint32_t>(stripes.size());
+    p->tracker = tracker;
+    p->deadline = deadline;
+    conn->Enqueue(std::move(p));
+  }
+}
+
+}  // namespace tcp
+}  // namespace mori_torch

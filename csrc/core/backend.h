@@ -1,0 +1,80 @@
+// The interface every transport implements. The engine validates arguments,
+// picks a backend per (local, remote) memory pair by capability and hands it
+// ready-checked TransferOps; a backend only moves bytes and ends statuses.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/descriptors.h"
+#include "core/memory_registry.h"
+#include "core/net.h"
+#include "core/notification_table.h"
+#include "core/segments.h"
+#include "core/transfer_status.h"
+
+namespace mori_torch {
+
+// Backend settings as name -> integer (booleans as 0/1), so that every layer
+// passes them through unchanged; each backend validates its own names.
+using BackendConfig = std::map<std::string, int64_t>;
+
+struct TransferOp {
+  bool is_read = false;
+  std::shared_ptr<LocalMemory> local;  // acquired only while bytes move
+  MemoryDesc remote;
+  std::vector<Segment> segs;  // validated against both registrations
+  TransferUid uid = 0;
+  StatusPtr status;
+};
+
+// What a backend may use of its engine. Outlives every backend.
+struct BackendContext {
+  const EngineDesc* self = nullptr;
+  MemoryRegistry* memory = nullptr;
+  NotificationTable* notices = nullptr;
+};
+
+// A backend's link to one remote engine, cached by the backend and pinned by
+// sessions so repeated transfers skip lookups.
+class BackendPeer {
+ public:
+  virtual ~BackendPeer() = default;
+  // Takes ownership of the op and ends op.status exactly once, even if the
+  // backend or peer is shut down meanwhile.
+  virtual void Submit(TransferOp op) = 0;
+  virtual bool Alive() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendType Type() const = 0;
+  virtual bool CanServe(const MemoryDesc& local, const MemoryDesc& remote) const = 0;
+  // Returns the cached peer for `remote`, creating it on first use.
+  virtual std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) = 0;
+  // Drops the peer: its in-flight transfers end with an error.
+  virtual void RemovePeer(const std::string& key) = 0;
+  // Serves an inbound data connection until it ends; default refuses.
+  virtual bool AcceptsDataConnections() const { return false; }
+  virtual void ServeData(const EngineDesc& /*peer*/, Socket& /*sock*/) {}
+  // Ends everything in flight with an error and releases all resources.
+  // After it, Submit on any of its peers fails at once. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+// Builds a backend of `type`; throws Error naming bad config keys/values or
+// an unavailable backend. Defined with the backends (csrc/backends).
+std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& config, const BackendContext& ctx);
+
+// Reads `name` from `config` (default when absent) and checks the range;
+// throws Error(ERR_INVALID_ARGS) naming the backend, key and value.
+int64_t ConfigValue(const BackendConfig& config, const char* backend, const std::string& name, int64_t def,
+                    int64_t min, int64_t max);
+// Throws if `config` holds a key not in `known`.
+void CheckConfigKeys(const BackendConfig& config, const char* backend, const std::vector<std::string>& known);
+
+}  // namespace mori_torch

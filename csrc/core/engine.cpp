@@ -1,0 +1,399 @@
+#include "core/engine.h"
+
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "core/byte_io.h"
+#include "core/logging.h"
+#include "core/transfer_args.h"
+
+namespace mori_torch {
+namespace {
+
+// Fastest first: the first backend that can serve a pair takes it.
+constexpr BackendType kPreference[] = {BackendType::XGMI, BackendType::RDMA, BackendType::TCP};
+
+bool ValidBackendType(BackendType t) {
+  return t == BackendType::XGMI || t == BackendType::RDMA || t == BackendType::TCP;
+}
+
+// NUMA node of the page holding `p`, -1 if unknown (move_pages with no
+// target nodes only queries).
+int NumaNodeOf(uint64_t p) {
+  void* page = reinterpret_cast<void*>(p & ~static_cast<uint64_t>(sysconf(_SC_PAGESIZE) - 1));
+  int status = -1;
+  if (syscall(SYS_move_pages, 0, 1, &page, nullptr, &status, 0) != 0 || status < 0) return -1;
+  return status;
+}
+
+bool PageMapped(uint64_t p) {
+  const uint64_t page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  unsigned char vec = 0;
+  return mincore(reinterpret_cast<void*>(p & ~(page_size - 1)), 1, &vec) == 0;
+}
+
+}  // namespace
+
+Engine::Engine(const std::string& key, const EngineConfig& cfg)
+    : cfg_(cfg), next_uid_(std::make_shared<std::atomic<uint64_t>>(0)) {
+  if (key.empty()) throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngine: key must not be empty");
+  if (key.size() > 1024) throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngine: key longer than 1024 bytes");
+  desc_.key = key;
+  desc_.node_id = DefaultNodeId();
+  desc_.hostname = LocalHostname();
+  desc_.host = cfg.host.empty() ? "127.0.0.1" : cfg.host;
+  desc_.pid = static_cast<int32_t>(getpid());
+  ctx_.self = &desc_;
+  ctx_.memory = &memory_;
+  ctx_.notices = &notices_;
+  if (const char* v = std::getenv("MORI_TORCH_FRAME_TIMEOUT_MS")) {
+    int ms = std::atoi(v);
+    if (ms > 0) cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
+  }
+  server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control);
+  desc_.port = server_->Start(desc_.host, cfg.port);
+  MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port);
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  // Inbound connections first: they call into backends and memory.
+  server_->Stop();
+  std::array<std::shared_ptr<Backend>, 4> backends;
+  {
+    std::unique_lock<std::shared_mutex> lk(backends_mu_);
+    backends.swap(backends_);
+  }
+  for (auto& b : backends) {
+    if (b) b->Shutdown();
+  }
+  memory_.Clear();
+}
+
+std::shared_ptr<Backend> Engine::BackendOf(BackendType type) const {
+  std::shared_lock<std::shared_mutex> lk(backends_mu_);
+  return backends_[static_cast<int>(type)];
+}
+
+bool Engine::HasBackend(BackendType type) const { return ValidBackendType(type) && BackendOf(type) != nullptr; }
+
+void Engine::CreateBackend(BackendType type, const BackendConfig& config) {
+  if (!ValidBackendType(type)) {
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                "create_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
+  }
+  if (shut_down_.load()) throw Error(StatusCode::ERR_BAD_STATE, "create_backend: engine is shut down");
+  std::unique_lock<std::shared_mutex> lk(backends_mu_);
+  auto& slot = backends_[static_cast<int>(type)];
+  if (slot) {
+    MORI_LOG(Warning, "create_backend: backend " << BackendTypeName(type) << " already exists on engine '"
+                                                 << desc_.key << "'; keeping it");
+    return;
+  }
+  slot = MakeBackend(type, config, ctx_);
+}
+
+void Engine::RemoveBackend(BackendType type) {
+  if (!ValidBackendType(type)) {
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                "remove_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
+  }
+  std::shared_ptr<Backend> b;
+  {
+    std::unique_lock<std::shared_mutex> lk(backends_mu_);
+    b.swap(backends_[static_cast<int>(type)]);
+  }
+  if (b) b->Shutdown();
+}
+
+void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
+  if (desc.key.empty()) throw Error(StatusCode::ERR_INVALID_ARGS, "register_remote_engine: empty engine key");
+  std::unique_lock<std::shared_mutex> lk(remotes_mu_);
+  auto it = remotes_.find(desc.key);
+  if (it != remotes_.end() && it->second != desc) {
+    MORI_LOG(Info, "register_remote_engine: '" << desc.key << "' re-registered with a new descriptor");
+    control_clients_.erase(desc.key);
+    lk.unlock();
+    for (auto t : kPreference) {
+      if (auto b = BackendOf(t)) b->RemovePeer(desc.key);
+    }
+    lk.lock();
+  }
+  remotes_[desc.key] = desc;
+}
+
+void Engine::DeregisterRemoteEngine(const EngineDesc& desc) {
+  {
+    std::unique_lock<std::shared_mutex> lk(remotes_mu_);
+    if (remotes_.erase(desc.key) == 0) {
+      throw Error(StatusCode::ERR_NOT_FOUND,
+                  "deregister_remote_engine: engine '" + desc.key + "' is not registered");
+    }
+    control_clients_.erase(desc.key);
+  }
+  for (auto t : kPreference) {
+    if (auto b = BackendOf(t)) b->RemovePeer(desc.key);
+  }
+}
+
+MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, MemoryLocationType loc) {
+  if (ptr == 0) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: ptr is 0 (null pointer)");
+  if (size <= 0) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: size must be positive, got " + std::to_string(size));
+  }
+  if (ptr + static_cast<uint64_t>(size) < ptr) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: ptr + size overflows");
+  }
+  MemoryDesc d;
+  d.engine_key = desc_.key;
+  d.data = ptr;
+  d.size = static_cast<uint64_t>(size);
+  d.loc = loc;
+  switch (loc) {
+    case MemoryLocationType::CPU:
+      if (!PageMapped(ptr) || !PageMapped(ptr + static_cast<uint64_t>(size) - 1)) {
+        throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: host range [" + std::to_string(ptr) + ", +" +
+                                                      std::to_string(size) + ") is not mapped in this process");
+      }
+      d.device_id = -1;
+      d.numa_node = NumaNodeOf(ptr);
+      break;
+    case MemoryLocationType::GPU:
+      throw Error(StatusCode::ERR_INVALID_ARGS,
+                  "register_memory: GPU memory (device " + std::to_string(device_id) +
+                      ") needs a build with CUDA or HIP support; this build has none");
+    default:
+      throw Error(StatusCode::ERR_INVALID_ARGS,
+                  "register_memory: mem_loc " + std::to_string(static_cast<int>(loc)) + " is not CPU(1) or GPU(2)");
+  }
+  return memory_.Add(std::move(d))->desc;
+}
+
+void Engine::DeregisterMemory(const MemoryDesc& desc) {
+  if (desc.engine_key != desc_.key) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "deregister_memory: memory " + std::to_string(desc.id) +
+                                                  " belongs to engine '" + desc.engine_key + "', not '" +
+                                                  desc_.key + "'");
+  }
+  auto m = memory_.Find(desc.id);
+  if (!m || m->desc.data != desc.data || m->desc.size != desc.size) {
+    throw Error(StatusCode::ERR_NOT_FOUND, "deregister_memory: memory " + std::to_string(desc.id) +
+                                               " is not registered with engine '" + desc_.key + "'");
+  }
+  memory_.Remove(desc.id);
+}
+
+void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
+  std::shared_ptr<ControlClient> client;
+  {
+    std::unique_lock<std::shared_mutex> lk(remotes_mu_);
+    auto it = remotes_.find(desc.engine_key);
+    if (it == remotes_.end()) {
+      if (desc.engine_key == desc_.key) return;  // our own memory: checked locally
+      throw Error(StatusCode::ERR_NOT_FOUND, "remote engine '" + desc.engine_key +
+                                                 "' is not registered; call register_remote_engine first");
+    }
+    auto& c = control_clients_[desc.engine_key];
+    if (!c) c = std::make_shared<ControlClient>(desc_, it->second, cfg_.connect_timeout_ms);
+    client = c;
+  }
+  ByteWriter w;
+  w.Put<uint64_t>(desc.id);
+  Frame reply = client->Call(FrameType::MemLookup, w.bytes());
+  MemoryDesc there = MemoryDesc::Unpack(reply.payload.data(), reply.payload.size());
+  if (there.data != desc.data || there.size != desc.size || there.loc != desc.loc) {
+    throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(desc.id) + " of engine '" +
+                                               desc.engine_key + "' no longer matches its descriptor");
+  }
+}
+
+StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, std::string* msg) {
+  if (shut_down_.load()) {
+    *msg = "engine '" + desc_.key + "' is shut down";
+    return StatusCode::ERR_BAD_STATE;
+  }
+  if (local.engine_key != desc_.key) {
+    *msg = "local memory " + std::to_string(local.id) + " belongs to engine '" + local.engine_key + "', not '" +
+           desc_.key + "'";
+    return StatusCode::ERR_INVALID_ARGS;
+  }
+  route->local = memory_.Find(local.id);
+  if (!route->local || route->local->desc.data != local.data || route->local->desc.size != local.size) {
+    *msg = "local memory " + std::to_string(local.id) + " is not registered with engine '" + desc_.key +
+           "' (deregistered?)";
+    return StatusCode::ERR_NOT_FOUND;
+  }
+  EngineDesc remote_engine;
+  {
+    std::shared_lock<std::shared_mutex> lk(remotes_mu_);
+    auto it = remotes_.find(remote.engine_key);
+    if (it != remotes_.end()) {
+      remote_engine = it->second;
+    } else if (remote.engine_key == desc_.key) {
+      remote_engine = desc_;
+    } else {
+      *msg = "remote engine '" + remote.engine_key + "' is not registered; call register_remote_engine first";
+      return StatusCode::ERR_NOT_FOUND;
+    }
+  }
+  for (auto t : kPreference) {
+    auto b = BackendOf(t);
+    if (b && b->CanServe(local, remote)) {
+      route->backend = std::move(b);
+      route->peer = route->backend->Peer(remote_engine);
+      return StatusCode::SUCCESS;
+    }
+  }
+  *msg = "No available backend found, create backend first (local " + std::string(MemoryLocationName(local.loc)) +
+         " memory, remote " + MemoryLocationName(remote.loc) + " memory)";
+  return StatusCode::ERR_BAD_STATE;
+}
+
+StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
+                         const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
+                         const std::vector<int64_t>& sizes, TransferUid uid) {
+  auto status = MakeStatus();
+  TransferOp op;
+  std::string msg;
+  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local, remote, &op.segs, &msg);
+  Route route;
+  if (c == StatusCode::SUCCESS) c = Resolve(local, remote, &route, &msg);
+  if (c != StatusCode::SUCCESS) {
+    status->Update(c, msg);
+    return status;
+  }
+  op.is_read = is_read;
+  op.local = std::move(route.local);
+  op.remote = remote;
+  op.uid = uid;
+  op.status = status;
+  route.peer->Submit(std::move(op));
+  return status;
+}
+
+StatusPtr Engine::Read(const MemoryDesc& local, int64_t lo, const MemoryDesc& remote, int64_t ro, int64_t size,
+                       TransferUid uid) {
+  return Submit(true, local, remote, {lo}, {ro}, {size}, uid);
+}
+
+StatusPtr Engine::Write(const MemoryDesc& local, int64_t lo, const MemoryDesc& remote, int64_t ro, int64_t size,
+                        TransferUid uid) {
+  return Submit(false, local, remote, {lo}, {ro}, {size}, uid);
+}
+
+std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<MemoryDesc>& locals,
+                                             const std::vector<std::vector<int64_t>>& local_offsets,
+                                             const std::vector<MemoryDesc>& remotes,
+                                             const std::vector<std::vector<int64_t>>& remote_offsets,
+                                             const std::vector<std::vector<int64_t>>& sizes,
+                                             const std::vector<int64_t>& uids) {
+  const size_t n = locals.size();
+  std::vector<StatusPtr> out;
+  out.reserve(n);
+  if (remotes.size() != n || local_offsets.size() != n || remote_offsets.size() != n || sizes.size() != n ||
+      uids.size() != n) {
+    const std::string msg = "mismatched list lengths: local_descs " + std::to_string(n) + ", local_offsets " +
+                            std::to_string(local_offsets.size()) + ", remote_descs " + std::to_string(remotes.size()) +
+                            ", remote_offsets " + std::to_string(remote_offsets.size()) + ", sizes " +
+                            std::to_string(sizes.size()) + ", uids " + std::to_string(uids.size());
+    for (size_t i = 0; i < n; ++i) out.push_back(MakeStatus(StatusCode::ERR_INVALID_ARGS, msg));
+    return out;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(Submit(is_read, locals[i], remotes[i], local_offsets[i], remote_offsets[i], sizes[i],
+                         static_cast<TransferUid>(uids[i])));
+  }
+  return out;
+}
+
+std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const MemoryDesc& remote) {
+  Route route;
+  std::string msg;
+  StatusCode c = Resolve(local, remote, &route, &msg);
+  if (c == StatusCode::ERR_BAD_STATE) {
+    MORI_LOG(Info, "create_session: " << msg);
+    return nullptr;
+  }
+  if (c != StatusCode::SUCCESS) throw Error(c, "create_session: " + msg);
+  ValidateRemoteMemory(remote);
+  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.backend), std::move(route.peer),
+                                   next_uid_);
+}
+
+bool Engine::PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid) {
+  return notices_.Pop(initiator_key, uid);
+}
+
+StatusCode Engine::WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms) {
+  const Deadline deadline = DeadlineAfterMs(timeout_ms);
+  StatusCode first_error = StatusCode::SUCCESS;
+  bool pending = false;
+  for (const auto& s : statuses) {
+    if (!s) continue;
+    StatusCode c;
+    if (timeout_ms == 0) {
+      c = s->Code();
+    } else if (timeout_ms < 0) {
+      c = s->WaitFor(-1);
+    } else {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      c = s->WaitFor(left > 0 ? left : 0);
+    }
+    if (IsError(c)) {
+      if (first_error == StatusCode::SUCCESS) first_error = c;
+      if (timeout_ms >= 0) return c;  // a seen error beats IN_PROGRESS
+    } else if (c != StatusCode::SUCCESS) {
+      pending = true;
+    }
+  }
+  if (first_error != StatusCode::SUCCESS) return first_error;
+  return pending ? StatusCode::IN_PROGRESS : StatusCode::SUCCESS;
+}
+
+bool Engine::HandleControl(const EngineDesc& /*peer*/, const Frame& request, Frame* reply) {
+  switch (request.type) {
+    case FrameType::Ping:
+      reply->type = FrameType::Pong;
+      return true;
+    case FrameType::MemLookup: {
+      ByteReader r(request.payload.data(), request.payload.size(), "MemLookup frame");
+      uint64_t id = r.Get<uint64_t>("memory id");
+      r.ExpectEnd();
+      auto m = memory_.Find(id);
+      if (!m) {
+        throw Error(StatusCode::ERR_NOT_FOUND,
+                    "memory " + std::to_string(id) + " is not registered with engine '" + desc_.key + "'");
+      }
+      reply->type = FrameType::MemLookupReply;
+      reply->payload = m->desc.Pack();
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+std::string Engine::CanServeData(uint8_t backend) {
+  if (backend > 3 || !ValidBackendType(static_cast<BackendType>(backend))) {
+    return "unknown backend type " + std::to_string(backend);
+  }
+  auto b = BackendOf(static_cast<BackendType>(backend));
+  if (!b || !b->AcceptsDataConnections()) {
+    return std::string("engine '") + desc_.key + "' has no " + BackendTypeName(static_cast<BackendType>(backend)) +
+           " backend; create it on both engines";
+  }
+  return "";
+}
+
+void Engine::ServeData(uint8_t backend, const EngineDesc& peer, Socket& sock) {
+  auto b = BackendOf(static_cast<BackendType>(backend));
+  if (b) b->ServeData(peer, sock);
+}
+
+}  // namespace mori_torch

@@ -1,0 +1,111 @@
+// The transfer engine: owns the control-plane listener, the local memory
+// registry, the inbound notice table and its backends. Transfer calls
+// validate their arguments here, once for every backend, and return a
+// status at once; errors are statuses, never exceptions.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/control_plane.h"
+#include "core/session.h"
+
+namespace mori_torch {
+
+struct EngineConfig {
+  std::string host;  // "" listens on 127.0.0.1 only
+  int port = 0;      // 0 binds a free port
+  ControlPlaneOptions control;
+  int connect_timeout_ms = 5000;
+};
+
+class Engine : public ControlPlaneDelegate {
+ public:
+  Engine(const std::string& key, const EngineConfig& cfg);
+  ~Engine() override;
+  // Ends in-flight transfers with an error, stops threads. Idempotent.
+  void Shutdown();
+
+  const EngineDesc& Desc() const { return desc_; }
+
+  // Duplicate creation logs a warning and keeps the existing backend.
+  void CreateBackend(BackendType type, const BackendConfig& config);
+  void RemoveBackend(BackendType type);
+  bool HasBackend(BackendType type) const;
+
+  void RegisterRemoteEngine(const EngineDesc& desc);
+  void DeregisterRemoteEngine(const EngineDesc& desc);
+
+  MemoryDesc RegisterMemory(uint64_t ptr, int64_t size, int device_id, MemoryLocationType loc);
+  void DeregisterMemory(const MemoryDesc& desc);
+  // Asks the owning engine (over the control plane) whether `desc` is
+  // still registered there and matches; throws Error otherwise.
+  void ValidateRemoteMemory(const MemoryDesc& desc);
+
+  TransferUid AllocateTransferUid() { return next_uid_->fetch_add(1, std::memory_order_relaxed); }
+
+  StatusPtr Read(const MemoryDesc& local, int64_t local_offset, const MemoryDesc& remote, int64_t remote_offset,
+                 int64_t size, TransferUid uid);
+  StatusPtr Write(const MemoryDesc& local, int64_t local_offset, const MemoryDesc& remote, int64_t remote_offset,
+                  int64_t size, TransferUid uid);
+  // N memory pairs -> N statuses, every one of which ends.
+  std::vector<StatusPtr> BatchTransfer(bool is_read, const std::vector<MemoryDesc>& locals,
+                                       const std::vector<std::vector<int64_t>>& local_offsets,
+                                       const std::vector<MemoryDesc>& remotes,
+                                       const std::vector<std::vector<int64_t>>& remote_offsets,
+                                       const std::vector<std::vector<int64_t>>& sizes,
+                                       const std::vector<int64_t>& uids);
+
+  // nullptr when no backend can serve the pair; throws Error for bad
+  // descriptors.
+  std::shared_ptr<Session> CreateSession(const MemoryDesc& local, const MemoryDesc& remote);
+
+  bool PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid);
+  // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
+  static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
+
+  // ControlPlaneDelegate
+  const EngineDesc& SelfDesc() const override { return desc_; }
+  bool HandleControl(const EngineDesc& peer, const Frame& request, Frame* reply) override;
+  std::string CanServeData(uint8_t backend) override;
+  void ServeData(uint8_t backend, const EngineDesc& peer, Socket& sock) override;
+
+ private:
+  struct Route {
+    std::shared_ptr<LocalMemory> local;
+    std::shared_ptr<Backend> backend;
+    std::shared_ptr<BackendPeer> peer;
+  };
+  // Resolves local memory, remote engine and backend; SUCCESS or an error
+  // code with *msg.
+  StatusCode Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, std::string* msg);
+  StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
+                   const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
+                   const std::vector<int64_t>& sizes, TransferUid uid);
+  std::shared_ptr<Backend> BackendOf(BackendType type) const;
+
+  EngineDesc desc_;
+  EngineConfig cfg_;
+  MemoryRegistry memory_;
+  NotificationTable notices_;
+  BackendContext ctx_;
+  std::shared_ptr<std::atomic<uint64_t>> next_uid_;
+
+  mutable std::shared_mutex backends_mu_;
+  std::array<std::shared_ptr<Backend>, 4> backends_;  // indexed by BackendType
+
+  mutable std::shared_mutex remotes_mu_;
+  std::unordered_map<std::string, EngineDesc> remotes_;
+  std::unordered_map<std::string, std::shared_ptr<ControlClient>> control_clients_;
+
+  std::unique_ptr<ControlPlaneServer> server_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace mori_torch

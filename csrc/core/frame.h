@@ -1,0 +1,54 @@
+// Control-plane framing: every frame is a 12-byte header (magic, protocol
+// version, type, payload length) and a bounded payload. Anything else is a
+// protocol error that closes that one connection.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/net.h"
+
+namespace mori_torch {
+
+constexpr uint32_t kFrameMagic = 0x49524f4d;  // "MORI" little-endian
+constexpr uint16_t kProtocolVersion = 1;
+constexpr uint32_t kMaxFramePayload = 1u << 20;
+constexpr size_t kFrameHeaderBytes = 12;
+
+enum class FrameType : uint16_t {
+  Hello = 1,           // u8 kind, u8 backend, bytes EngineDesc
+  HelloAck = 2,        // bytes EngineDesc of the server
+  Error = 3,           // u32 status code, string message
+  MemLookup = 4,       // u64 memory id
+  MemLookupReply = 5,  // bytes MemoryDesc
+  Ping = 6,
+  Pong = 7,
+  kMaxKnown = 7,
+};
+
+enum class ConnectionKind : uint8_t { Control = 1, Data = 2 };
+
+struct Frame {
+  FrameType type = FrameType::Ping;
+  std::vector<uint8_t> payload;
+};
+
+struct FrameHeader {
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  uint16_t type = 0;
+  uint32_t length = 0;
+};
+
+// Decodes 12 header bytes; returns "" if valid, else the reason.
+std::string ParseFrameHeader(const uint8_t* bytes, FrameHeader* out);
+std::vector<uint8_t> EncodeFrame(FrameType type, const std::vector<uint8_t>& payload);
+
+// Waits up to idle_timeout_ms (-1: forever) for a frame to start, then reads
+// it whole within frame_timeout_ms. Fails with the reason on a stall, a
+// closed peer or an invalid header.
+IoResult ReadFrame(int fd, Frame* out, int idle_timeout_ms, int frame_timeout_ms);
+IoResult WriteFrame(int fd, FrameType type, const std::vector<uint8_t>& payload, int timeout_ms);
+
+}  // namespace mori_torch

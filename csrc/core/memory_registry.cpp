@@ -1,0 +1,73 @@
+#include "core/memory_registry.h"
+
+namespace mori_torch {
+
+bool LocalMemory::Acquire() {
+  if (retired()) return false;
+  users_.fetch_add(1, std::memory_order_acq_rel);
+  if (retired()) {  // lost the race with Retire()
+    Release();
+    return false;
+  }
+  return true;
+}
+
+void LocalMemory::Release() {
+  if (users_.fetch_sub(1, std::memory_order_acq_rel) == 1 && retired()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_.notify_all();
+  }
+}
+
+void LocalMemory::Retire() {
+  retired_.store(true, std::memory_order_release);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return users_.load(std::memory_order_acquire) == 0; });
+}
+
+std::shared_ptr<LocalMemory> MemoryRegistry::Add(MemoryDesc desc) {
+  std::unique_lock<std::shared_mutex> lk(mu_);
+  desc.id = next_id_++;
+  auto m = std::make_shared<LocalMemory>(std::move(desc));
+  map_[m->desc.id] = m;
+  return m;
+}
+
+std::shared_ptr<LocalMemory> MemoryRegistry::Find(MemoryId id) const {
+  std::shared_lock<std::shared_mutex> lk(mu_);
+  auto it = map_.find(id);
+  return it == map_.end() ? nullptr : it->second;
+}
+
+bool MemoryRegistry::Remove(MemoryId id) {
+  std::shared_ptr<LocalMemory> m;
+  {
+    std::unique_lock<std::shared_mutex> lk(mu_);
+    auto it = map_.find(id);
+    if (it == map_.end()) return false;
+    m = std::move(it->second);
+    map_.erase(it);
+  }
+  m->Retire();  // outside the lock: waits for running I/O only
+  return true;
+}
+
+void MemoryRegistry::Clear() {
+  std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> all;
+  {
+    std::unique_lock<std::shared_mutex> lk(mu_);
+    all.swap(map_);
+  }
+  for (auto& kv : all) kv.second->Retire();
+}
+
+std::string CheckRange(const MemoryDesc& d, uint64_t offset, uint64_t size, const char* side) {
+  if (offset > d.size || size > d.size - offset) {
+    return std::string(side) + " range out of bounds: offset " + std::to_string(offset) + " + size " +
+           std::to_string(size) + " exceeds memory " + std::to_string(d.id) + " of engine '" + d.engine_key +
+           "' (size " + std::to_string(d.size) + ")";
+  }
+  return "";
+}
+
+}  // namespace mori_torch

@@ -1,0 +1,87 @@
+// Local memory registrations. A registration counts the I/O using it, so
+// deregistration can stop new users and wait for running ones: a buffer is
+// never touched after deregister_memory returns.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/descriptors.h"
+
+namespace mori_torch {
+
+class LocalMemory {
+ public:
+  explicit LocalMemory(MemoryDesc d) : desc(std::move(d)) {}
+  const MemoryDesc desc;
+
+  char* Base() const { return reinterpret_cast<char*>(desc.data); }
+  bool retired() const { return retired_.load(std::memory_order_acquire); }
+
+  // Returns false once the registration is retired.
+  bool Acquire();
+  void Release();
+  // Stops new users and waits until the running ones have released.
+  void Retire();
+
+ private:
+  std::atomic<bool> retired_{false};
+  std::atomic<int64_t> users_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// RAII use of a registration; empty when the registration was retired.
+class MemoryUse {
+ public:
+  MemoryUse() = default;
+  explicit MemoryUse(std::shared_ptr<LocalMemory> m) {
+    if (m && m->Acquire()) mem_ = std::move(m);
+  }
+  ~MemoryUse() { reset(); }
+  MemoryUse(MemoryUse&& o) noexcept : mem_(std::move(o.mem_)) {}
+  MemoryUse& operator=(MemoryUse&& o) noexcept {
+    if (this != &o) {
+      reset();
+      mem_ = std::move(o.mem_);
+    }
+    return *this;
+  }
+  explicit operator bool() const { return mem_ != nullptr; }
+  LocalMemory* operator->() const { return mem_.get(); }
+  const std::shared_ptr<LocalMemory>& get() const { return mem_; }
+  void reset() {
+    if (mem_) mem_->Release();
+    mem_.reset();
+  }
+
+ private:
+  std::shared_ptr<LocalMemory> mem_;
+};
+
+class MemoryRegistry {
+ public:
+  // Assigns the next id (ids count from 0 per engine) and stores the entry.
+  std::shared_ptr<LocalMemory> Add(MemoryDesc desc);
+  std::shared_ptr<LocalMemory> Find(MemoryId id) const;
+  // Removes and retires; returns false if the id is unknown.
+  bool Remove(MemoryId id);
+  // Retires everything (engine shutdown).
+  void Clear();
+
+ private:
+  mutable std::shared_mutex mu_;
+  MemoryId next_id_ = 0;
+  std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> map_;
+};
+
+// "" when [offset, offset+size) lies inside the registration, else a message
+// naming the side, values and the registration's size.
+std::string CheckRange(const MemoryDesc& d, uint64_t offset, uint64_t size, const char* side);
+
+}  // namespace mori_torch

@@ -1,0 +1,86 @@
+// Thin POSIX socket helpers: RAII fds, listen/connect, and full reads/writes
+// (plain and scatter-gather) bounded by a deadline. I/O uses MSG_DONTWAIT and
+// poll(), so a shutdown() from another thread or a passed deadline always ends
+// a blocked call.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mori_torch {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline DeadlineAfterMs(int64_t ms) {
+  return ms < 0 ? Deadline::max() : Clock::now() + std::chrono::milliseconds(ms);
+}
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket() { Close(); }
+  Socket(Socket&& o) noexcept : fd_(o.release()) {}
+  Socket& operator=(Socket&& o) noexcept {
+    if (this != &o) {
+      Close();
+      fd_ = o.release();
+    }
+    return *this;
+  }
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void Close();
+  // Wakes any thread blocked on this socket; the fd stays open.
+  void Shutdown() const;
+
+ private:
+  int fd_ = -1;
+};
+
+// Result of an I/O helper: ok, or a reason ("peer closed the connection",
+// "timed out after ...", strerror text).
+struct IoResult {
+  bool ok = true;
+  bool timed_out = false;
+  std::string error;
+  static IoResult Ok() { return {}; }
+  static IoResult Fail(std::string e, bool timeout = false) { return {false, timeout, std::move(e)}; }
+};
+
+// Binds and listens; *bound_port receives the real port (port 0 picks one).
+// Throws Error with the host, port and errno text on failure.
+Socket Listen(const std::string& host, int port, int* bound_port);
+// Connects with a timeout; throws Error naming host:port and the reason.
+Socket Connect(const std::string& host, int port, int timeout_ms);
+
+void SetNoDelay(int fd, bool on);
+void SetBufferSizes(int fd, int sndbuf, int rcvbuf);
+void SetKeepalive(int fd, bool on, int idle_s, int intvl_s, int cnt);
+
+// Waits until fd is readable (or hung up). Returns false on timeout.
+bool WaitReadable(int fd, int timeout_ms);
+
+IoResult ReadFull(int fd, void* buf, size_t n, Deadline deadline);
+IoResult WriteFull(int fd, const void* buf, size_t n, Deadline deadline);
+// Reads / writes the whole iovec list, IOV_MAX entries per system call.
+// The vector is consumed (entries are advanced in place).
+IoResult ReadVFull(int fd, std::vector<iovec>& iov, Deadline deadline);
+IoResult WriteVFull(int fd, std::vector<iovec>& iov, Deadline deadline);
+// Reads and throws away n bytes (keeps a stream in sync after a rejected request).
+IoResult Discard(int fd, uint64_t n, Deadline deadline);
+
+}  // namespace mori_torch

@@ -1,0 +1,54 @@
+#include "core/segments.h"
+
+#include <algorithm>
+
+namespace mori_torch {
+
+uint64_t TotalBytes(const std::vector<Segment>& segs) {
+  uint64_t t = 0;
+  for (const auto& s : segs) t += s.size;
+  return t;
+}
+
+std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
+  std::vector<Segment> out;
+  out.reserve(segs.size());
+  for (const auto& s : segs) {
+    if (s.size == 0) continue;
+    if (!out.empty()) {
+      Segment& b = out.back();
+      if (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off) {
+        b.size += s.size;
+        continue;
+      }
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, size_t parts) {
+  const uint64_t total = TotalBytes(segs);
+  parts = std::max<size_t>(1, parts);
+  if (parts == 1 || total == 0) return {segs};
+  const uint64_t per = (total + parts - 1) / parts;
+  std::vector<std::vector<Segment>> out(1);
+  uint64_t room = per;
+  for (Segment s : segs) {
+    while (s.size > 0) {
+      if (room == 0) {
+        out.emplace_back();
+        room = per;
+      }
+      uint64_t take = std::min(room, s.size);
+      out.back().push_back({s.local_off, s.remote_off, take});
+      s.local_off += take;
+      s.remote_off += take;
+      s.size -= take;
+      room -= take;
+    }
+  }
+  return out;
+}
+
+}  // namespace mori_torch

@@ -1,0 +1,49 @@
+#include "core/session.h"
+
+#include "core/transfer_args.h"
+
+namespace mori_torch {
+
+StatusPtr Session::Submit(bool is_read, const std::vector<int64_t>& local_offsets,
+                          const std::vector<int64_t>& remote_offsets, const std::vector<int64_t>& sizes,
+                          TransferUid uid) {
+  auto status = MakeStatus();
+  if (local_->retired()) {
+    status->Update(StatusCode::ERR_NOT_FOUND, "session: local memory " + std::to_string(local_->desc.id) +
+                                                  " was deregistered");
+    return status;
+  }
+  TransferOp op;
+  std::string msg;
+  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local_->desc, remote_, &op.segs, &msg);
+  if (c != StatusCode::SUCCESS) {
+    status->Update(c, msg);
+    return status;
+  }
+  op.is_read = is_read;
+  op.local = local_;
+  op.remote = remote_;
+  op.uid = uid;
+  op.status = status;
+  peer_->Submit(std::move(op));
+  return status;
+}
+
+StatusPtr Session::Read(int64_t lo, int64_t ro, int64_t size, TransferUid uid) {
+  return Submit(true, {lo}, {ro}, {size}, uid);
+}
+StatusPtr Session::Write(int64_t lo, int64_t ro, int64_t size, TransferUid uid) {
+  return Submit(false, {lo}, {ro}, {size}, uid);
+}
+StatusPtr Session::BatchRead(const std::vector<int64_t>& lo, const std::vector<int64_t>& ro,
+                             const std::vector<int64_t>& sizes, TransferUid uid) {
+  return Submit(true, lo, ro, sizes, uid);
+}
+StatusPtr Session::BatchWrite(const std::vector<int64_t>& lo, const std::vector<int64_t>& ro,
+                              const std::vector<int64_t>& sizes, TransferUid uid) {
+  return Submit(false, lo, ro, sizes, uid);
+}
+
+bool Session::Alive() const { return !local_->retired() && peer_->Alive(); }
+
+}  // namespace mori_torch

@@ -1,0 +1,46 @@
+// A session pins one (local, remote) memory pair to its backend peer, so
+// repeated transfers skip descriptor and backend lookups.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace mori_torch {
+
+class Session {
+ public:
+  Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, std::shared_ptr<Backend> backend,
+          std::shared_ptr<BackendPeer> peer, std::shared_ptr<std::atomic<uint64_t>> uids)
+      : local_(std::move(local)),
+        remote_(std::move(remote)),
+        backend_(std::move(backend)),
+        peer_(std::move(peer)),
+        uids_(std::move(uids)) {}
+
+  StatusPtr Read(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
+  StatusPtr Write(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
+  StatusPtr BatchRead(const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
+                      const std::vector<int64_t>& sizes, TransferUid uid);
+  StatusPtr BatchWrite(const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
+                       const std::vector<int64_t>& sizes, TransferUid uid);
+  bool Alive() const;
+  TransferUid AllocateTransferUid() { return uids_->fetch_add(1, std::memory_order_relaxed); }
+  BackendType backend_type() const { return backend_->Type(); }
+  const MemoryDesc& local_desc() const { return local_->desc; }
+  const MemoryDesc& remote_desc() const { return remote_; }
+
+ private:
+  StatusPtr Submit(bool is_read, const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
+                   const std::vector<int64_t>& sizes, TransferUid uid);
+
+  std::shared_ptr<LocalMemory> local_;
+  MemoryDesc remote_;
+  std::shared_ptr<Backend> backend_;
+  std::shared_ptr<BackendPeer> peer_;
+  std::shared_ptr<std::atomic<uint64_t>> uids_;
+};
+
+}  // namespace mori_torch

@@ -1,0 +1,95 @@
+#include "core/transfer_status.h"
+
+#include <chrono>
+
+namespace mori_torch {
+
+StatusCode TransferStatus::Code() {
+  StatusCode c = PeekCode();
+  if (!IsTerminal(c)) {
+    std::shared_ptr<std::function<void()>> hook;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      hook = progress_;
+    }
+    if (hook) {
+      (*hook)();
+      c = PeekCode();
+    }
+  }
+  return c;
+}
+
+std::string TransferStatus::Message() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return message_;
+}
+
+void TransferStatus::Update(StatusCode code, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    StatusCode cur = PeekCode();
+    if (IsError(cur)) return;
+    if (cur == StatusCode::SUCCESS && !IsError(code)) return;
+    message_ = message;
+    code_.store(static_cast<int>(code), std::memory_order_release);
+    if (IsTerminal(code)) progress_.reset();
+  }
+  NotifyIfTerminal(code);
+}
+
+void TransferStatus::SetCode(StatusCode code) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    code_.store(static_cast<int>(code), std::memory_order_release);
+  }
+  NotifyIfTerminal(code);
+}
+
+void TransferStatus::SetMessage(const std::string& message) {
+  std::lock_guard<std::mutex> lk(mu_);
+  message_ = message;
+}
+
+void TransferStatus::NotifyIfTerminal(StatusCode code) {
+  if (IsTerminal(code)) cv_.notify_all();
+}
+
+void TransferStatus::SetProgressHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (IsTerminal(PeekCode())) return;
+  progress_ = std::make_shared<std::function<void()>>(std::move(hook));
+}
+
+void TransferStatus::Wait() { WaitFor(-1); }
+
+StatusCode TransferStatus::WaitFor(int64_t timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  StatusCode c = Code();
+  if (IsTerminal(c) || timeout_ms == 0) return c;
+  const bool forever = timeout_ms < 0;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(forever ? 0 : timeout_ms);
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    c = PeekCode();
+    if (IsTerminal(c)) return c;
+    // Poll-completed statuses are re-polled every 20 us; others sleep until notified.
+    const bool polled = progress_ != nullptr;
+    auto until = polled ? Clock::now() + std::chrono::microseconds(20) : deadline;
+    if (!forever && until > deadline) until = deadline;
+    if (forever && !polled) {
+      cv_.wait(lk);
+    } else {
+      cv_.wait_until(lk, until);
+    }
+    if (polled) {
+      lk.unlock();
+      c = Code();
+      lk.lock();
+      if (IsTerminal(c)) return c;
+    }
+    if (!forever && Clock::now() >= deadline) return PeekCode();
+  }
+}
+
+}  // namespace mori_torch

@@ -1,0 +1,69 @@
+// The status object every transfer returns at once. Thread-safe: backends
+// complete it from their threads while callers poll or wait on it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/types.h"
+
+namespace mori_torch {
+
+class TransferStatus {
+ public:
+  TransferStatus() = default;
+  TransferStatus(const TransferStatus&) = delete;
+  TransferStatus& operator=(const TransferStatus&) = delete;
+
+  // Code() runs the progress hook first, so polling alone drives
+  // poll-completed transfers (GPU events) to their end.
+  StatusCode Code();
+  StatusCode PeekCode() const { return static_cast<StatusCode>(code_.load(std::memory_order_acquire)); }
+  std::string Message() const;
+
+  bool Init() { return Code() == StatusCode::INIT; }
+  bool InProgress() { return Code() == StatusCode::IN_PROGRESS; }
+  bool Succeeded() { return Code() == StatusCode::SUCCESS; }
+  bool Failed() { return IsError(Code()); }
+
+  // Moves the status forward. Once an error is set it sticks: later calls,
+  // SUCCESS included, are ignored (first error wins).
+  void Update(StatusCode code, const std::string& message = "");
+  // Raw setters for user-owned statuses (mori.io compatibility).
+  void SetCode(StatusCode code);
+  void SetMessage(const std::string& message);
+
+  // Blocks until the status is terminal.
+  void Wait();
+  // timeout_ms < 0: wait until terminal; 0: poll once; > 0: wait at most that
+  // long. Returns the code seen last (IN_PROGRESS at the deadline).
+  StatusCode WaitFor(int64_t timeout_ms);
+
+  // Installed by backends whose completion must be polled. Called with no
+  // lock held, possibly from several threads at once.
+  void SetProgressHook(std::function<void()> hook);
+
+ private:
+  void NotifyIfTerminal(StatusCode code);
+
+  std::atomic<int> code_{static_cast<int>(StatusCode::INIT)};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string message_;
+  std::shared_ptr<std::function<void()>> progress_;
+};
+
+using StatusPtr = std::shared_ptr<TransferStatus>;
+
+inline StatusPtr MakeStatus(StatusCode code = StatusCode::IN_PROGRESS, const std::string& msg = "") {
+  auto s = std::make_shared<TransferStatus>();
+  s->Update(code, msg);
+  return s;
+}
+
+}  // namespace mori_torch

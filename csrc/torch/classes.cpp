@@ -1,0 +1,316 @@
+// TorchScript custom classes torch.classes.mori.{Engine, Session,
+// TransferStatus, EngineDesc, MemoryDesc}: the objects mori_torch.io wraps,
+// usable from torch.jit.script code and LibTorch. The only file (with the op
+// registrations) that includes torch headers.
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include "core/engine.h"
+#include "core/logging.h"
+
+namespace mori_torch {
+namespace bind {
+
+// Core errors become Python ValueError (bad arguments, unknown ids) or
+// RuntimeError (bad state), with the status code name leading the message.
+[[noreturn]] void Rethrow(const Error& e) {
+  const std::string msg = std::string(StatusCodeName(e.code())) + ": " + e.what();
+  if (e.code() == StatusCode::ERR_INVALID_ARGS || e.code() == StatusCode::ERR_NOT_FOUND) {
+    TORCH_CHECK_VALUE(false, msg);
+  }
+  TORCH_CHECK(false, msg);
+}
+
+template <typename F>
+auto Guard(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    Rethrow(e);
+  }
+}
+
+at::Tensor BytesToTensor(const std::vector<uint8_t>& b) {
+  auto t = at::empty({static_cast<int64_t>(b.size())}, at::TensorOptions().dtype(at::kByte));
+  if (!b.empty()) std::memcpy(t.data_ptr(), b.data(), b.size());
+  return t;
+}
+
+std::vector<uint8_t> TensorToBytes(const at::Tensor& t, const char* what) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte && t.device().is_cpu() && t.dim() == 1,
+                   what, ": expected a 1-D CPU uint8 tensor of packed bytes");
+  auto c = t.contiguous();
+  const auto* p = c.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + c.numel());
+}
+
+std::vector<int64_t> ToVec(const c10::List<int64_t>& l) { return std::vector<int64_t>(l.begin(), l.end()); }
+
+struct TransferStatusObj : torch::CustomClassHolder {
+  StatusPtr s;
+  TransferStatusObj() : s(std::make_shared<TransferStatus>()) {}
+  explicit TransferStatusObj(StatusPtr p) : s(std::move(p)) {}
+};
+using StatusRef = c10::intrusive_ptr<TransferStatusObj>;
+StatusRef Wrap(StatusPtr p) { return c10::make_intrusive<TransferStatusObj>(std::move(p)); }
+
+struct EngineDescObj : torch::CustomClassHolder {
+  EngineDesc d;
+  explicit EngineDescObj(EngineDesc x) : d(std::move(x)) {}
+};
+using EngineDescRef = c10::intrusive_ptr<EngineDescObj>;
+
+struct MemoryDescObj : torch::CustomClassHolder {
+  MemoryDesc d;
+  explicit MemoryDescObj(MemoryDesc x) : d(std::move(x)) {}
+};
+using MemoryDescRef = c10::intrusive_ptr<MemoryDescObj>;
+MemoryDescRef Wrap(MemoryDesc d) { return c10::make_intrusive<MemoryDescObj>(std::move(d)); }
+
+std::vector<MemoryDesc> ToDescs(const c10::List<MemoryDescRef>& l) {
+  std::vector<MemoryDesc> out;
+  out.reserve(l.size());
+  for (const MemoryDescRef& r : l) out.push_back(r->d);
+  return out;
+}
+
+std::vector<std::vector<int64_t>> ToVecs(const c10::List<c10::List<int64_t>>& l) {
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(l.size());
+  for (const c10::List<int64_t>& x : l) out.push_back(ToVec(x));
+  return out;
+}
+
+struct SessionObj : torch::CustomClassHolder {
+  std::shared_ptr<Session> s;
+  explicit SessionObj(std::shared_ptr<Session> x) : s(std::move(x)) {}
+};
+using SessionRef = c10::intrusive_ptr<SessionObj>;
+
+struct EngineObj : torch::CustomClassHolder {
+  std::shared_ptr<Engine> e;
+  EngineObj(const std::string& key, const std::string& host, int64_t port) {
+    Guard([&] {
+      EngineConfig cfg;
+      cfg.host = host;
+      cfg.port = static_cast<int>(port);
+      if (port < 0 || port > 65535) {
+        throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngineConfig: port " + std::to_string(port) + " out of range");
+      }
+      e = std::make_shared<Engine>(key, cfg);
+      return 0;
+    });
+  }
+  ~EngineObj() override {
+    if (e) e->Shutdown();
+  }
+
+  MemoryDescRef RegisterTensor(const at::Tensor& t) {
+    TORCH_CHECK(t.defined(), "register_torch_tensor: tensor is undefined");
+    TORCH_CHECK(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", t.sizes(),
+                ", strides ", t.strides(), "); call .contiguous() first");
+    TORCH_CHECK_VALUE(t.nbytes() > 0, "register_torch_tensor: tensor has no bytes");
+    const auto ptr = reinterpret_cast<uint64_t>(t.data_ptr());
+    const auto size = static_cast<int64_t>(t.nbytes());
+    if (t.device().is_cpu()) {
+      return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, -1, MemoryLocationType::CPU)); });
+    }
+    return Guard([&] {
+      return Wrap(e->RegisterMemory(ptr, size, t.device().index(), MemoryLocationType::GPU));
+    });
+  }
+};
+using EngineRef = c10::intrusive_ptr<EngineObj>;
+
+c10::List<StatusRef> WrapAll(const std::vector<StatusPtr>& v) {
+  c10::List<StatusRef> out;
+  out.reserve(v.size());
+  for (const auto& s : v) out.push_back(Wrap(s));
+  return out;
+}
+
+TORCH_LIBRARY(mori, m) {
+  m.class_<TransferStatusObj>("TransferStatus")
+      .def(torch::init<>())
+      .def("Code", [](const StatusRef& self) { return static_cast<int64_t>(self->s->Code()); })
+      .def("Message", [](const StatusRef& self) { return self->s->Message(); })
+      .def("Init", [](const StatusRef& self) { return self->s->Init(); })
+      .def("InProgress", [](const StatusRef& self) { return self->s->InProgress(); })
+      .def("Succeeded", [](const StatusRef& self) { return self->s->Succeeded(); })
+      .def("Failed", [](const StatusRef& self) { return self->s->Failed(); })
+      .def("Update",
+           [](const StatusRef& self, int64_t code, const std::string& msg) {
+             self->s->Update(static_cast<StatusCode>(code), msg);
+           })
+      .def("SetCode", [](const StatusRef& self, int64_t code) { self->s->SetCode(static_cast<StatusCode>(code)); })
+      .def("SetMessage", [](const StatusRef& self, const std::string& msg) { self->s->SetMessage(msg); })
+      .def("Wait", [](const StatusRef& self) { self->s->Wait(); })
+      .def("WaitFor",
+           [](const StatusRef& self, int64_t timeout_ms) { return static_cast<int64_t>(self->s->WaitFor(timeout_ms)); });
+
+  m.class_<EngineDescObj>("EngineDesc")
+      .def("key", [](const EngineDescRef& self) { return self->d.key; })
+      .def("node_id", [](const EngineDescRef& self) { return self->d.node_id; })
+      .def("hostname", [](const EngineDescRef& self) { return self->d.hostname; })
+      .def("host", [](const EngineDescRef& self) { return self->d.host; })
+      .def("port", [](const EngineDescRef& self) { return static_cast<int64_t>(self->d.port); })
+      .def("pid", [](const EngineDescRef& self) { return static_cast<int64_t>(self->d.pid); })
+      .def("pack", [](const EngineDescRef& self) { return BytesToTensor(self->d.Pack()); })
+      .def("equals", [](const EngineDescRef& self, const EngineDescRef& o) { return self->d == o->d; })
+      .def_static("unpack", [](const at::Tensor& t) {
+        auto b = TensorToBytes(t, "EngineDesc.unpack");
+        return Guard([&] { return c10::make_intrusive<EngineDescObj>(EngineDesc::Unpack(b.data(), b.size())); });
+      });
+
+  m.class_<MemoryDescObj>("MemoryDesc")
+      .def("engine_key", [](const MemoryDescRef& self) { return self->d.engine_key; })
+      .def("id", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.id); })
+      .def("device_id", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.device_id); })
+      .def("device_bus_id", [](const MemoryDescRef& self) { return self->d.device_bus_id; })
+      .def("data", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.data); })
+      .def("size", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.size); })
+      .def("loc", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.loc); })
+      .def("ipc_handle",
+           [](const MemoryDescRef& self) {
+             return BytesToTensor(std::vector<uint8_t>(self->d.ipc_handle.begin(), self->d.ipc_handle.end()));
+           })
+      .def("ipc_offset", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.ipc_offset); })
+      .def("numa_node", [](const MemoryDescRef& self) { return static_cast<int64_t>(self->d.numa_node); })
+      .def("pack", [](const MemoryDescRef& self) { return BytesToTensor(self->d.Pack()); })
+      .def("equals", [](const MemoryDescRef& self, const MemoryDescRef& o) { return self->d == o->d; })
+      .def_static("unpack", [](const at::Tensor& t) {
+        auto b = TensorToBytes(t, "MemoryDesc.unpack");
+        return Guard([&] { return Wrap(MemoryDesc::Unpack(b.data(), b.size())); });
+      });
+
+  m.class_<SessionObj>("Session")
+      .def("allocate_transfer_uid",
+           [](const SessionRef& self) { return static_cast<int64_t>(self->s->AllocateTransferUid()); })
+      .def("read",
+           [](const SessionRef& self, int64_t lo, int64_t ro, int64_t size, int64_t uid) {
+             return Wrap(self->s->Read(lo, ro, size, static_cast<TransferUid>(uid)));
+           })
+      .def("write",
+           [](const SessionRef& self, int64_t lo, int64_t ro, int64_t size, int64_t uid) {
+             return Wrap(self->s->Write(lo, ro, size, static_cast<TransferUid>(uid)));
+           })
+      .def("batch_read",
+           [](const SessionRef& self, const c10::List<int64_t>& lo, const c10::List<int64_t>& ro,
+              const c10::List<int64_t>& sizes, int64_t uid) {
+             return Wrap(self->s->BatchRead(ToVec(lo), ToVec(ro), ToVec(sizes), static_cast<TransferUid>(uid)));
+           })
+      .def("batch_write",
+           [](const SessionRef& self, const c10::List<int64_t>& lo, const c10::List<int64_t>& ro,
+              const c10::List<int64_t>& sizes, int64_t uid) {
+             return Wrap(self->s->BatchWrite(ToVec(lo), ToVec(ro), ToVec(sizes), static_cast<TransferUid>(uid)));
+           })
+      .def("alive", [](const SessionRef& self) { return self->s->Alive(); })
+      .def("backend_type", [](const SessionRef& self) { return static_cast<int64_t>(self->s->backend_type()); });
+
+  m.class_<EngineObj>("Engine")
+      .def(torch::init<std::string, std::string, int64_t>())
+      .def("get_engine_desc", [](const EngineRef& self) { return c10::make_intrusive<EngineDescObj>(self->e->Desc()); })
+      .def("create_backend",
+           [](const EngineRef& self, int64_t type, const c10::Dict<std::string, int64_t>& config) {
+             BackendConfig cfg;
+             for (const auto& kv : config) cfg[kv.key()] = kv.value();
+             Guard([&] {
+               self->e->CreateBackend(static_cast<BackendType>(type), cfg);
+               return 0;
+             });
+           })
+      .def("remove_backend",
+           [](const EngineRef& self, int64_t type) {
+             Guard([&] {
+               self->e->RemoveBackend(static_cast<BackendType>(type));
+               return 0;
+             });
+           })
+      .def("has_backend",
+           [](const EngineRef& self, int64_t type) { return self->e->HasBackend(static_cast<BackendType>(type)); })
+      .def("register_remote_engine",
+           [](const EngineRef& self, const EngineDescRef& d) {
+             Guard([&] {
+               self->e->RegisterRemoteEngine(d->d);
+               return 0;
+             });
+           })
+      .def("deregister_remote_engine",
+           [](const EngineRef& self, const EngineDescRef& d) {
+             Guard([&] {
+               self->e->DeregisterRemoteEngine(d->d);
+               return 0;
+             });
+           })
+      .def("register_memory",
+           [](const EngineRef& self, int64_t ptr, int64_t size, int64_t device_id, int64_t loc) {
+             return Guard([&] {
+               return Wrap(self->e->RegisterMemory(static_cast<uint64_t>(ptr), size, static_cast<int>(device_id),
+                                                   static_cast<MemoryLocationType>(loc)));
+             });
+           })
+      .def("register_tensor", [](const EngineRef& self, const at::Tensor& t) { return self->RegisterTensor(t); })
+      .def("deregister_memory",
+           [](const EngineRef& self, const MemoryDescRef& d) {
+             Guard([&] {
+               self->e->DeregisterMemory(d->d);
+               return 0;
+             });
+           })
+      .def("allocate_transfer_uid",
+           [](const EngineRef& self) { return static_cast<int64_t>(self->e->AllocateTransferUid()); })
+      .def("read",
+           [](const EngineRef& self, const MemoryDescRef& local, int64_t lo, const MemoryDescRef& remote, int64_t ro,
+              int64_t size, int64_t uid) {
+             return Wrap(self->e->Read(local->d, lo, remote->d, ro, size, static_cast<TransferUid>(uid)));
+           })
+      .def("write",
+           [](const EngineRef& self, const MemoryDescRef& local, int64_t lo, const MemoryDescRef& remote, int64_t ro,
+              int64_t size, int64_t uid) {
+             return Wrap(self->e->Write(local->d, lo, remote->d, ro, size, static_cast<TransferUid>(uid)));
+           })
+      .def("batch_read",
+           [](const EngineRef& self, const c10::List<MemoryDescRef>& locals, const c10::List<c10::List<int64_t>>& lo,
+              const c10::List<MemoryDescRef>& remotes, const c10::List<c10::List<int64_t>>& ro,
+              const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
+             return WrapAll(self->e->BatchTransfer(true, ToDescs(locals), ToVecs(lo), ToDescs(remotes), ToVecs(ro),
+                                                   ToVecs(sizes), ToVec(uids)));
+           })
+      .def("batch_write",
+           [](const EngineRef& self, const c10::List<MemoryDescRef>& locals, const c10::List<c10::List<int64_t>>& lo,
+              const c10::List<MemoryDescRef>& remotes, const c10::List<c10::List<int64_t>>& ro,
+              const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
+             return WrapAll(self->e->BatchTransfer(false, ToDescs(locals), ToVecs(lo), ToDescs(remotes), ToVecs(ro),
+                                                   ToVecs(sizes), ToVec(uids)));
+           })
+      .def("create_session",
+           [](const EngineRef& self, const MemoryDescRef& local,
+              const MemoryDescRef& remote) -> c10::optional<SessionRef> {
+             auto s = Guard([&] { return self->e->CreateSession(local->d, remote->d); });
+             if (!s) return c10::nullopt;
+             return c10::make_intrusive<SessionObj>(std::move(s));
+           })
+      .def("pop_inbound_transfer_status",
+           [](const EngineRef& self, const std::string& key, int64_t uid) -> c10::optional<StatusRef> {
+             if (!self->e->PopInboundTransferStatus(key, static_cast<TransferUid>(uid))) return c10::nullopt;
+             return Wrap(MakeStatus(StatusCode::SUCCESS));
+           })
+      .def("wait_all",
+           [](const EngineRef& /*self*/, const c10::List<StatusRef>& statuses, int64_t timeout_ms) {
+             std::vector<StatusPtr> v;
+             v.reserve(statuses.size());
+             for (const StatusRef& s : statuses) v.push_back(s->s);
+             return static_cast<int64_t>(Engine::WaitAll(v, timeout_ms));
+           })
+      .def("shutdown", [](const EngineRef& self) { self->e->Shutdown(); })
+      .def_static("set_log_level", [](const std::string& level) {
+        Guard([&] {
+          SetLogLevel(level);
+          return 0;
+        });
+      });
+}
+
+}  // namespace bind
+}  // namespace mori_torch

@@ -1,0 +1,23 @@
+"""mori_torch: point-to-point transfer engine for GPU and host memory.
+
+`mori_torch.io` is a drop-in for AMD's `mori.io`; the native objects are the
+TorchScript classes `torch.classes.mori.*`.
+"""
+import torch
+
+try:
+    from . import _build_info
+except ImportError as e:  # pragma: no cover - only without a build
+    raise ImportError(
+        "mori_torch is not built: run `pip install --no-build-isolation -e .` in the source tree"
+    ) from e
+
+if _build_info.TORCH_VERSION != torch.__version__:
+    raise ImportError(
+        f"mori_torch was built against torch {_build_info.TORCH_VERSION} but torch {torch.__version__} "
+        "is installed; rebuild with `pip install --no-build-isolation -e .`"
+    )
+
+from . import _C  # noqa: E402,F401  (registers torch.classes.mori.*)
+
+__version__ = "0.1.0"

@@ -1,0 +1,451 @@
+"""Drop-in replacement for AMD's ``mori.io``.
+
+Same class, enum, method and argument names, defaults and semantics as
+MORI-IO (see shared/reference/MORI_IO_API.md), over the TorchScript classes
+``torch.classes.mori.*``. Code written for MORI-IO runs after changing only
+the import::
+
+    from mori_torch.io import IOEngine, IOEngineConfig, BackendType, ...
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import operator
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from . import _C  # noqa: F401  (registers torch.classes.mori)
+
+__all__ = [
+    "IOEngine",
+    "IOEngineSession",
+    "IOEngineConfig",
+    "BackendType",
+    "MemoryLocationType",
+    "StatusCode",
+    "PollCqMode",
+    "RdmaBackendConfig",
+    "XgmiBackendConfig",
+    "TcpBackendConfig",
+    "EngineDesc",
+    "MemoryDesc",
+    "TransferStatus",
+    "set_log_level",
+]
+
+_native = torch.classes.mori
+
+
+class BackendType(enum.IntEnum):
+    Unknown = 0
+    XGMI = 1
+    RDMA = 2
+    TCP = 3
+
+
+class MemoryLocationType(enum.IntEnum):
+    Unknown = 0
+    CPU = 1
+    GPU = 2
+
+
+class StatusCode(enum.IntEnum):
+    SUCCESS = 0
+    INIT = 1
+    IN_PROGRESS = 2
+    ERR_INVALID_ARGS = 11
+    ERR_NOT_FOUND = 12
+    ERR_RDMA_OP = 13
+    ERR_BAD_STATE = 14
+    ERR_GPU_OP = 15
+
+
+class PollCqMode(enum.IntEnum):
+    POLLING = 0
+    EVENT = 1
+
+
+@dataclasses.dataclass
+class IOEngineConfig:
+    host: str = ""
+    port: int = 0
+
+
+@dataclasses.dataclass
+class RdmaBackendConfig:
+    qp_per_transfer: int = 1
+    post_batch_size: int = -1
+    num_worker_threads: int = -1
+    poll_cq_mode: PollCqMode = PollCqMode.POLLING
+    enable_notification: bool = True
+    notif_per_qp: int = 1024
+    enable_transfer_chunking: bool = False
+    chunk_bytes: int = 65536
+    max_chunks_per_transfer: int = 64
+    num_nics_per_transfer: int = 1
+
+
+@dataclasses.dataclass
+class XgmiBackendConfig:
+    num_streams: int = 64
+    num_events: int = 64
+
+
+@dataclasses.dataclass
+class TcpBackendConfig:
+    sock_sndbuf_bytes: int = 32 * 1024 * 1024
+    sock_rcvbuf_bytes: int = 32 * 1024 * 1024
+    op_timeout_ms: int = 30000
+    enable_keepalive: bool = True
+    keepalive_idle_sec: int = 30
+    keepalive_intvl_sec: int = 10
+    keepalive_cnt: int = 3
+    enable_ctrl_nodelay: bool = True
+    num_data_conns: int = 8
+    striping_threshold_bytes: int = 64 * 1024
+    # mori_torch extensions
+    connect_timeout_ms: int = 5000
+    enable_notification: bool = True
+
+
+_CONFIG_TYPES = {
+    BackendType.TCP: TcpBackendConfig,
+    BackendType.RDMA: RdmaBackendConfig,
+    BackendType.XGMI: XgmiBackendConfig,
+}
+
+
+def _config_dict(config) -> Dict[str, int]:
+    out = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        try:
+            out[f.name] = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{type(config).__name__}.{f.name} must be an int or bool, got {v!r}") from None
+    return out
+
+
+@contextlib.contextmanager
+def _typed_errors():
+    """Argument-type mismatches rejected by the TorchScript boundary become TypeError."""
+    try:
+        yield
+    except RuntimeError as e:
+        msg = str(e)
+        if "Expected a value of type" in msg or "Expected at most" in msg or "incompatible function arguments" in msg:
+            raise TypeError(msg.splitlines()[0]) from None
+        raise
+
+
+def _index(name: str, v) -> int:
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
+
+
+def set_log_level(level) -> None:
+    """Sets the native log level: trace, debug, info, warning, error, critical or off."""
+    if not isinstance(level, str):
+        raise TypeError(f"set_log_level: level must be a str, got {type(level).__name__}")
+    _native.Engine.set_log_level(level)
+
+
+class TransferStatus:
+    """Status of one transfer; CamelCase methods as in MORI-IO."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, _native_status=None):
+        self._s = _native_status if _native_status is not None else _native.TransferStatus()
+
+    def Code(self) -> StatusCode:
+        return StatusCode(self._s.Code())
+
+    def Message(self) -> str:
+        return self._s.Message()
+
+    def Init(self) -> bool:
+        return self._s.Init()
+
+    def InProgress(self) -> bool:
+        return self._s.InProgress()
+
+    def Succeeded(self) -> bool:
+        return self._s.Succeeded()
+
+    def Failed(self) -> bool:
+        return self._s.Failed()
+
+    def Update(self, code, message: str = "") -> None:
+        self._s.Update(int(StatusCode(code)), message)
+
+    def SetCode(self, code) -> None:
+        self._s.SetCode(int(StatusCode(code)))
+
+    def SetMessage(self, message: str) -> None:
+        self._s.SetMessage(message)
+
+    def Wait(self) -> None:
+        """Blocks until the transfer ends; releases the GIL meanwhile."""
+        self._s.Wait()
+
+    def WaitFor(self, timeout_ms: int = -1) -> StatusCode:
+        """Waits up to timeout_ms (0: poll once, <0: forever); returns the code seen."""
+        return StatusCode(self._s.WaitFor(_index("timeout_ms", timeout_ms)))
+
+    def __repr__(self) -> str:
+        code = self.Code()
+        msg = self.Message()
+        return f"TransferStatus({code.name}{', ' + repr(msg) if msg else ''})"
+
+
+def _bytes_tensor(data, what: str) -> torch.Tensor:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what}: expected bytes, got {type(data).__name__}")
+    if len(data) == 0:
+        raise ValueError(f"{what}: empty input")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+class EngineDesc:
+    """How to reach an engine. Exchange it as bytes with pack()/unpack()."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, _native_desc):
+        self._d = _native_desc
+
+    key = property(lambda self: self._d.key())
+    node_id = property(lambda self: self._d.node_id())
+    hostname = property(lambda self: self._d.hostname())
+    host = property(lambda self: self._d.host())
+    port = property(lambda self: self._d.port())
+    pid = property(lambda self: self._d.pid())
+
+    def pack(self) -> bytes:
+        return bytes(self._d.pack().tolist())
+
+    @staticmethod
+    def unpack(data) -> "EngineDesc":
+        return EngineDesc(_native.EngineDesc.unpack(_bytes_tensor(data, "EngineDesc.unpack")))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, EngineDesc) and self._d.equals(other._d)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"EngineDesc(key={self.key!r}, host={self.host!r}, port={self.port}, node_id={self.node_id!r})"
+
+
+class MemoryDesc:
+    """A registered memory range. Exchange it as bytes with pack()/unpack()."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, _native_desc):
+        self._d = _native_desc
+
+    engine_key = property(lambda self: self._d.engine_key())
+    id = property(lambda self: self._d.id())
+    device_id = property(lambda self: self._d.device_id())
+    device_bus_id = property(lambda self: self._d.device_bus_id())
+    data = property(lambda self: self._d.data())
+    size = property(lambda self: self._d.size())
+    loc = property(lambda self: MemoryLocationType(self._d.loc()))
+    ipc_offset = property(lambda self: self._d.ipc_offset())
+    numa_node = property(lambda self: self._d.numa_node())
+
+    @property
+    def ipc_handle(self) -> bytes:
+        return bytes(self._d.ipc_handle().tolist())
+
+    def pack(self) -> bytes:
+        return bytes(self._d.pack().tolist())
+
+    @staticmethod
+    def unpack(data) -> "MemoryDesc":
+        return MemoryDesc(_native.MemoryDesc.unpack(_bytes_tensor(data, "MemoryDesc.unpack")))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MemoryDesc) and self._d.equals(other._d)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryDesc(engine_key={self.engine_key!r}, id={self.id}, loc={self.loc.name}, "
+            f"device_id={self.device_id}, data=0x{self.data:x}, size={self.size})"
+        )
+
+
+def _check_desc(name: str, d, cls):
+    if not isinstance(d, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(d).__name__}")
+    return d._d
+
+
+def _wrap_all(natives) -> List[TransferStatus]:
+    return [TransferStatus(s) for s in natives]
+
+
+class IOEngineSession:
+    """Pins one (local, remote) memory pair to its backend; see IOEngine.create_session."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, _native_session):
+        self._s = _native_session
+
+    def allocate_transfer_uid(self) -> int:
+        return self._s.allocate_transfer_uid()
+
+    def read(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
+        with _typed_errors():
+            return TransferStatus(self._s.read(local_offset, remote_offset, size, uid))
+
+    def write(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
+        with _typed_errors():
+            return TransferStatus(self._s.write(local_offset, remote_offset, size, uid))
+
+    def batch_read(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
+        with _typed_errors():
+            return TransferStatus(self._s.batch_read(list(local_offsets), list(remote_offsets), list(sizes), uid))
+
+    def batch_write(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
+        with _typed_errors():
+            return TransferStatus(self._s.batch_write(list(local_offsets), list(remote_offsets), list(sizes), uid))
+
+    def alive(self) -> bool:
+        return self._s.alive()
+
+    @property
+    def backend_type(self) -> BackendType:
+        return BackendType(self._s.backend_type())
+
+
+class IOEngine:
+    """A transfer engine: registers memory and moves bytes to and from remote engines."""
+
+    def __init__(self, key: str, config: IOEngineConfig):
+        if not isinstance(key, str):
+            raise TypeError(f"IOEngine: key must be a str, got {type(key).__name__}")
+        if not isinstance(config, IOEngineConfig):
+            raise TypeError(f"IOEngine: config must be an IOEngineConfig, got {type(config).__name__}")
+        if not isinstance(config.host, str):
+            raise TypeError("IOEngineConfig.host must be a str")
+        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port))
+        self._key = key
+        # Registered tensors stay alive until deregistered: the engine may
+        # touch their memory at any time.
+        self._tensors: Dict[int, torch.Tensor] = {}
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def get_engine_desc(self) -> EngineDesc:
+        return EngineDesc(self._e.get_engine_desc())
+
+    def create_backend(self, type, config=None) -> None:
+        btype = BackendType(type)
+        cls = _CONFIG_TYPES.get(btype)
+        if cls is None:
+            raise ValueError(f"create_backend: unsupported backend type {btype!r}")
+        if config is None:
+            config = cls()
+        elif not isinstance(config, cls):
+            raise TypeError(f"create_backend({btype.name}): config must be a {cls.__name__}, got {type(config).__name__}")
+        self._e.create_backend(int(btype), _config_dict(config))
+
+    def remove_backend(self, type) -> None:
+        self._e.remove_backend(int(BackendType(type)))
+
+    def register_remote_engine(self, desc: EngineDesc) -> None:
+        self._e.register_remote_engine(_check_desc("desc", desc, EngineDesc))
+
+    def deregister_remote_engine(self, desc: EngineDesc) -> None:
+        self._e.deregister_remote_engine(_check_desc("desc", desc, EngineDesc))
+
+    def register_memory(self, ptr: int, size: int, device_id: int, mem_loc) -> MemoryDesc:
+        loc = MemoryLocationType(mem_loc)
+        return MemoryDesc(
+            self._e.register_memory(_index("ptr", ptr), _index("size", size), _index("device_id", device_id), int(loc))
+        )
+
+    def register_torch_tensor(self, tensor: torch.Tensor) -> MemoryDesc:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"register_torch_tensor: expected a torch.Tensor, got {type(tensor).__name__}")
+        desc = MemoryDesc(self._e.register_tensor(tensor))
+        self._tensors[desc.id] = tensor
+        return desc
+
+    def deregister_memory(self, desc: MemoryDesc) -> None:
+        self._e.deregister_memory(_check_desc("desc", desc, MemoryDesc))
+        self._tensors.pop(desc.id, None)
+
+    def allocate_transfer_uid(self) -> int:
+        return self._e.allocate_transfer_uid()
+
+    def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid) -> TransferStatus:
+        with _typed_errors():
+            return TransferStatus(
+                self._e.read(
+                    _check_desc("local_dest", local_dest, MemoryDesc), local_offset,
+                    _check_desc("remote_src", remote_src, MemoryDesc), remote_offset, size, uid,
+                )
+            )
+
+    def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid) -> TransferStatus:
+        with _typed_errors():
+            return TransferStatus(
+                self._e.write(
+                    _check_desc("local_src", local_src, MemoryDesc), local_offset,
+                    _check_desc("remote_dest", remote_dest, MemoryDesc), remote_offset, size, uid,
+                )
+            )
+
+    def _batch(self, fn, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
+        locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]
+        remotes = [_check_desc("remote_descs[]", d, MemoryDesc) for d in remote_descs]
+        with _typed_errors():
+            return _wrap_all(
+                fn(
+                    locals_, [list(x) for x in local_offsets], remotes, [list(x) for x in remote_offsets],
+                    [list(x) for x in sizes], list(uids),
+                )
+            )
+
+    def batch_read(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
+        return self._batch(self._e.batch_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
+
+    def batch_write(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
+        return self._batch(self._e.batch_write, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
+
+    def create_session(self, local: MemoryDesc, remote: MemoryDesc) -> Optional[IOEngineSession]:
+        s = self._e.create_session(_check_desc("local", local, MemoryDesc), _check_desc("remote", remote, MemoryDesc))
+        return None if s is None else IOEngineSession(s)
+
+    def pop_inbound_transfer_status(self, remote_key: str, uid: int) -> Optional[TransferStatus]:
+        s = self._e.pop_inbound_transfer_status(remote_key, _index("uid", uid))
+        return None if s is None else TransferStatus(s)
+
+    def wait_all(self, statuses: Sequence[Optional[TransferStatus]], timeout_ms: int = -1) -> StatusCode:
+        natives = []
+        for s in statuses:
+            if s is None:
+                continue
+            if not isinstance(s, TransferStatus):
+                raise TypeError(f"wait_all: expected TransferStatus entries, got {type(s).__name__}")
+            natives.append(s._s)
+        return StatusCode(self._e.wait_all(natives, _index("timeout_ms", timeout_ms)))
+
+    def shutdown(self) -> None:
+        """Ends in-flight transfers with an error and stops the engine's threads."""
+        self._e.shutdown()
+        self._tensors.clear()

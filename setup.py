@@ -1,0 +1,65 @@
+"""Builds mori_torch._C against the torch already installed.
+
+Install with `pip install --no-build-isolation -e .` (or without -e): build
+isolation would fetch a different torch than the one the extension must match.
+A torch with CUDA (or ROCm) gives a CUDAExtension, a CPU-only torch a
+CppExtension. MORI_TORCH_FORCE_CPU=1 forces the CPU-only build.
+"""
+import glob
+import os
+
+import torch
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import CUDA_HOME, ROCM_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources(*patterns):
+    out = []
+    for p in patterns:
+        out += sorted(glob.glob(os.path.join(ROOT, p)))
+    return [os.path.relpath(s, ROOT) for s in out]
+
+
+force_cpu = os.environ.get("MORI_TORCH_FORCE_CPU", "0") == "1"
+with_cuda = not force_cpu and torch.version.cuda is not None and CUDA_HOME is not None
+with_hip = not force_cpu and torch.version.hip is not None and ROCM_HOME is not None
+gpu = with_cuda or with_hip
+
+cpp_sources = sources("csrc/core/*.cpp", "csrc/backends/*.cpp", "csrc/backends/tcp/*.cpp", "csrc/torch/*.cpp")
+gpu_sources = sources("csrc/gpu/*.cu") if gpu else []
+
+define_macros = [("MORI_WITH_GPU", "1" if gpu else "0")]
+extra_compile_args = {"cxx": ["-O2", "-Wno-unused-parameter"]}
+if with_cuda:
+    extra_compile_args["nvcc"] = ["-O2"]
+
+Extension = CUDAExtension if gpu else CppExtension
+ext = Extension(
+    name="mori_torch._C",
+    sources=cpp_sources + gpu_sources,
+    include_dirs=[os.path.join(ROOT, "csrc")],
+    define_macros=define_macros,
+    extra_compile_args=extra_compile_args,
+    libraries=["dl"],
+)
+
+# The import-time check compares against this (see mori_torch/__init__.py).
+build_info = os.path.join(ROOT, "mori_torch", "_build_info.py")
+with open(build_info, "w") as f:
+    f.write("# Written by setup.py: the torch this extension was compiled against.\n")
+    f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+    f.write(f"TORCH_CUDA = {torch.version.cuda!r}\n")
+    f.write(f"TORCH_HIP = {torch.version.hip!r}\n")
+    f.write(f"WITH_GPU = {gpu!r}\n")
+
+setup(
+    name="mori_torch",
+    version="0.1.0",
+    description="Point-to-point GPU/host memory transfer engine for PyTorch (MORI-IO compatible)",
+    packages=find_packages(include=["mori_torch", "mori_torch.*"]),
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+)
