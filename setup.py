@@ -8,9 +8,29 @@ CppExtension. MORI_TORCH_FORCE_CPU=1 forces the CPU-only build.
 import glob
 import os
 
+import shutil
+
 import torch
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import CUDA_HOME, ROCM_HOME, BuildExtension, CppExtension, CUDAExtension
+
+
+def _fix_cuda_home():
+    # torch derives CUDA_HOME from `which nvcc`; a wrapper script in
+    # /usr/local/bin then yields /usr/local, which has no CUDA libraries.
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or torch.version.cuda is None:
+        return
+    nvcc = shutil.which("nvcc")
+    derived = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+    if derived and os.path.exists(os.path.join(derived, "include", "cuda_runtime.h")):
+        return
+    for cand in ("/usr/local/cuda", f"/usr/local/cuda-{torch.version.cuda}"):
+        if os.path.exists(os.path.join(cand, "include", "cuda_runtime.h")):
+            os.environ["CUDA_HOME"] = cand
+            return
+
+
+_fix_cuda_home()
+from torch.utils.cpp_extension import CUDA_HOME, ROCM_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

@@ -9,6 +9,7 @@ the import::
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import enum
@@ -360,7 +361,10 @@ class IOEngine:
         if config is None:
             config = cls()
         elif not isinstance(config, cls):
-            raise TypeError(f"create_backend({btype.name}): config must be a {cls.__name__}, got {type(config).__name__}")
+            raise TypeError(
+                f"create_backend({btype.name}): config must be a {cls.__name__}, "
+                f"got {builtins.type(config).__name__}"
+            )
         self._e.create_backend(int(btype), _config_dict(config))
 
     def remove_backend(self, type) -> None:

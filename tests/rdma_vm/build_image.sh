@@ -9,28 +9,28 @@
 # init script, so a cached call is a fast no-op. Safe to run concurrently.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cache=${MORI_VM_CACHE:-$HOME/.cache/mori-torch/vm}
 
 # Guest userland; --variant=extract also pulls in their dependencies.
-GUEST_PACKAGES="libc6 libgcc-s1 libstdc++6 bash coreutils busybox-static kmod iproute2
- libibverbs1 ibverbs-providers ibverbs-utils librdmacm1 rdmacm-utils perftest"
+GUEST_PACKAGES=(libc6 libgcc-s1 libstdc++6 bash coreutils busybox-static kmod iproute2
+    libibverbs1 ibverbs-providers ibverbs-utils librdmacm1 rdmacm-utils perftest)
 # Loaded in this order by the guest's /init (crc32_generic first: `rdma link
 # add` fails without it). Their dependency closure is copied into the image.
 # virtio_pci serves -machine pc, virtio_mmio -machine microvm.
 GUEST_MODULES="crc32_generic rdma_rxe ib_uverbs rdma_ucm virtio_pci virtio_mmio virtio_console 9pnet_virtio 9p dummy"
 # Host side: QEMU + image tools, and verbs headers to build test binaries.
 # rdma-core itself is not needed on the host (it would pull in udev/systemd).
-HOST_PACKAGES="qemu-system-x86 mmdebstrap cpio kmod xz-utils libibverbs-dev librdmacm-dev"
+HOST_PACKAGES=(qemu-system-x86 mmdebstrap cpio kmod xz-utils libibverbs-dev librdmacm-dev)
 # Bump when a build step below changes what ends up in the image.
-FORMAT=1
+FORMAT=2
 
 log() { echo "build_image: $*" >&2; }
 die() { echo "build_image: ERROR: $*" >&2; exit 1; }
 
 key=$({
     echo "$FORMAT"
-    echo $GUEST_PACKAGES
+    echo "${GUEST_PACKAGES[*]}"
     echo "$GUEST_MODULES"
     cat "$here/guest_init.sh"
 } | sha256sum | cut -c1-16)
@@ -45,8 +45,8 @@ ensure_host_packages() {
     local p missing=()
     local installed
     # One dpkg-query for all: this runs on every call, keep it cheap.
-    installed=$(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' $HOST_PACKAGES 2>/dev/null | awk '$2 ~ /^ii/ {print $1}')
-    for p in $HOST_PACKAGES; do
+    installed=$(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' "${HOST_PACKAGES[@]}" 2>/dev/null | awk '$2 ~ /^ii/ {print $1}' || true)
+    for p in "${HOST_PACKAGES[@]}"; do
         grep -qx "$p" <<<"$installed" || missing+=("$p")
     done
     [[ ${#missing[@]} -eq 0 ]] && return 0
@@ -83,16 +83,19 @@ kernel_pkg() {
     apt-cache depends linux-image-amd64 2>/dev/null |
         awk '/Depends: linux-image-6\.1\.[0-9.-]+-amd64$/ {print $2; exit}'
 }
-kpkg=${MORI_VM_KERNEL_PKG:-$(kernel_pkg)}
-if [[ -z $kpkg ]]; then
-    log "no kernel package in the apt lists; running apt-get update"
+download_kernel() {
+    kpkg=${MORI_VM_KERNEL_PKG:-$(kernel_pkg)}
+    [[ -n $kpkg ]] || return 1
+    log "downloading $kpkg (never installed on the host)"
+    # Sandbox user off: _apt cannot write into our root-owned work dir.
+    (cd "$work" && apt-get -q -o APT::Sandbox::User=root download "$kpkg" >&2)
+}
+# Missing or stale apt lists (a fresh machine, a kernel update since): update once.
+if ! download_kernel; then
+    log "no downloadable kernel package in the apt lists; running apt-get update"
     apt_get update -q >&2
-    kpkg=$(kernel_pkg)
+    download_kernel || die "cannot download a linux-image-6.1.*-amd64 package"
 fi
-[[ -n $kpkg ]] || die "cannot find a linux-image-6.1.*-amd64 package"
-log "downloading $kpkg (never installed on the host)"
-# Sandbox user off: _apt cannot write into our root-owned work dir.
-(cd "$work" && apt-get -q -o APT::Sandbox::User=root download "$kpkg" >&2)
 mkdir "$work/k"
 dpkg-deb -x "$work"/"$kpkg"_*.deb "$work/k"
 rm -f "$work"/*.deb
@@ -126,13 +129,13 @@ fi
 log "mmdebstrap --variant=extract bookworm ($mirror)"
 root=$work/root
 # </dev/null: mmdebstrap reads extra sources from a non-tty stdin.
-mmdebstrap --quiet --variant=extract --include="$(echo $GUEST_PACKAGES | tr ' ' ,)" \
+mmdebstrap --quiet --variant=extract --include="$(IFS=,; echo "${GUEST_PACKAGES[*]}")" \
     bookworm "$root" "$mirror" </dev/null >&2
 
 # Drop what a test guest never reads (smaller cpio, faster unpack at boot).
-rm -rf "$root"/usr/share/{doc,man,info,locale,lintian,linda,bash-completion,common-licenses} \
+rm -rf "${root:?}"/usr/share/{doc,man,info,locale,lintian,linda,bash-completion,common-licenses} \
     "$root"/usr/lib/x86_64-linux-gnu/gconv "$root"/var/cache/* "$root"/var/lib/apt/lists/* \
-    "$root"/etc/hostname "$root"/etc/resolv.conf "$root"/boot
+    "$root"/etc/hostname "$root"/etc/resolv.conf "${root:?}"/boot
 
 # Kernel modules: the dependency closure, then depmod so the guest's modprobe works.
 mdir=$root/lib/modules/$kver
@@ -160,6 +163,13 @@ echo "$GUEST_MODULES" >"$root/etc/mori/modules"
 # Loading dummy.ko creates dummy0 (the module default, made explicit).
 echo 'options dummy numdummies=1' >"$root/etc/modprobe.d/mori.conf"
 install -m 0755 "$here/guest_init.sh" "$root/init"
+# Busybox applets for the commands the package list lacks (grep, sed, ps, ...)
+# so test scripts find them; never shadowing a real program.
+mkdir -p "$root/usr/local/bin"
+for a in $("$root/bin/busybox" --list); do
+    [[ -e $root/bin/$a || -e $root/sbin/$a || -e $root/usr/bin/$a || -e $root/usr/sbin/$a ]] ||
+        ln -s /bin/busybox "$root/usr/local/bin/$a"
+done
 # ld.so.cache: the loader finds libraries without scanning directories.
 ldconfig -r "$root"
 
@@ -169,7 +179,7 @@ ldconfig -r "$root"
 rm -rf "$root"
 
 echo "$kver" >"$work/kernel-version"
-echo "$kpkg $(echo $GUEST_PACKAGES)" >"$work/packages"
+echo "$kpkg ${GUEST_PACKAGES[*]}" >"$work/packages"
 mv "$work" "$img"
 trap - EXIT
 touch "$img/ok"

@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# shellcheck shell=dash
 # PID 1 of the Soft-RoCE test guest, installed as /init by build_image.sh.
 #
 # busybox ash runs its applets (mount, mkdir, usleep, ...) without exec; that
@@ -36,6 +37,11 @@ die() {
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm "$CTL"
+# devtmpfs lacks these; bash process substitution needs /dev/fd.
+ln -s /proc/self/fd /dev/fd
+ln -s /proc/self/fd/0 /dev/stdin
+ln -s /proc/self/fd/1 /dev/stdout
+ln -s /proc/self/fd/2 /dev/stderr
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 ulimit -l unlimited # ibv_reg_mr pins memory (root has CAP_IPC_LOCK anyway)
@@ -44,10 +50,12 @@ ulimit -l unlimited # ibv_reg_mr pins memory (root has CAP_IPC_LOCK anyway)
 # `rdma link add` needs it and it is not a declared dependency of rdma_rxe.
 log "loading modules"
 read -r MODULES </etc/mori/modules
+# shellcheck disable=SC2086 # one word per module
 /sbin/modprobe -a $MODULES || die "modprobe -a $MODULES failed"
 
 log "mounting 9p shares"
 mount -t 9p -o "$P9OPTS" morictl "$CTL" || die "cannot mount the control share"
+# shellcheck disable=SC1091 # written by run_in_vm.sh
 . "$CTL/boot.env" || die "cannot read boot.env"
 mkdir -p "$SHARE_DIR" || die "cannot create $SHARE_DIR"
 mount -t 9p -o "$P9OPTS,cache=mmap" morishare "$SHARE_DIR" || die "cannot mount $SHARE_DIR"
@@ -57,7 +65,10 @@ log "setting up dummy0 and rxe0"
 # MTU 9000 gives active_mtu 4096. rxe is RoCE v2 only: GID index 0 is the
 # link-local default GID, index 1 the IPv4-mapped GID of $VM_IP (the one to use).
 # dummy0 itself comes from loading dummy.ko (numdummies=1, /etc/modprobe.d/mori.conf).
-/bin/ip -batch - <<EOF || die "ip setup of dummy0 failed"
+# lo too: TCP to dummy0's own address is delivered through lo (perftest and
+# the project's control planes connect that way).
+/bin/ip -batch - <<EOF || die "ip setup of lo/dummy0 failed"
+link set lo up
 link set dummy0 mtu 9000
 addr add $VM_IP/24 dev dummy0
 link set dummy0 up
@@ -76,7 +87,6 @@ while :; do
         [ -e /dev/vport0p1 ] && [ -e /dev/vport0p2 ] && break
     i=$((i + 1))
     [ $i -gt 500 ] && die "rxe0 GID $VM_GID_INDEX is '$gid' ($type), want $VM_GID (RoCE v2); or no vports"
-
     usleep 10000
 done
 

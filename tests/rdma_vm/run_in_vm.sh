@@ -18,8 +18,8 @@
 # times on stderr), MORI_VM_CACHE (see build_image.sh).
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+repo=$(cd "$here/../.." && pwd -P)
 
 usage() {
     sed -n '4p' "${BASH_SOURCE[0]}" | sed 's/^#  *//' >&2
@@ -77,6 +77,7 @@ fi
 case $machine in
 microvm)
     [[ -n $tsc_khz ]] || { echo "run_in_vm: microvm needs the host TSC frequency (cpu MHz)" >&2; exit 2; }
+    # shellcheck disable=SC2054 # commas belong to QEMU's option syntax
     machine_args=(-machine microvm,pcie=off,x-option-roms=off)
     dev=device
     tsc_args="tsc_early_khz=$tsc_khz"
@@ -90,10 +91,13 @@ pc)
 esac
 
 ctl=$(mktemp -d "${TMPDIR:-/tmp}/mori-vm.XXXXXX")
-qpid=
+qpid='' tout='' terr=''
+# shellcheck disable=SC2317 # called from the trap
 cleanup() {
-    # Ends only what we started: the timeout wrapper, which signals QEMU.
-    if [[ -n $qpid ]]; then kill "$qpid" 2>/dev/null || true; fi
+    # Ends only what we started: the timeout wrapper (it passes the signal on
+    # to QEMU) and the two tails, which would otherwise hold our stdout open.
+    local p
+    for p in $qpid $tout $terr; do kill "$p" 2>/dev/null || true; done
     rm -rf "$ctl"
 }
 trap cleanup EXIT
@@ -135,6 +139,7 @@ kdebug=quiet
 # tsc=reliable: keep the TSC clocksource (TCG's TSCs look "unsynchronized" to
 # the kernel, which would then read the slow emulated HPET on every clock call).
 # mitigations=off, cryptomgr.notests: less work for the emulated CPU.
+# shellcheck disable=SC2054 # commas belong to QEMU's option syntax
 qemu=(
     qemu-system-x86_64 -nodefaults -no-user-config -nographic
     -accel tcg "${machine_args[@]}" -smp 2 -m "$mem" -no-reboot
@@ -176,9 +181,9 @@ boot() {
     # Stream the guest's stdout/stderr while it runs; tail exits once QEMU is
     # gone, after a final read, so nothing written before power-off is lost.
     tail -q -c +1 -s 0.1 --pid="$qpid" -f "$ctl/stdout" &
-    local tout=$!
+    tout=$!
     tail -q -c +1 -s 0.1 --pid="$qpid" -f "$ctl/stderr" >&2 &
-    local terr=$!
+    terr=$!
     # Boot watchdog: init logs "running the command" on the console once the
     # guest is fully set up; a guest stuck before that is retried.
     local deadline=$((SECONDS + boot_timeout))
@@ -193,6 +198,7 @@ boot() {
     wait "$qpid" || qrc=$?
     qpid=
     wait "$tout" "$terr" || true
+    tout='' terr=''
 }
 
 attempts=$((1 + ${MORI_VM_BOOT_RETRIES:-1}))

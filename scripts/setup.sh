@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything mori_torch needs into a new virtual environment (.venv,
+# or $MORI_VENV) and builds the extension into it against that torch.
+#   TORCH_SPEC   torch to install (default torch==2.14.1, a CUDA build, so the
+#                CUDAExtension path compiles even without a GPU; torch==2.13.0
+#                gives the CPU-only build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${MORI_VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
+
+# System packages: a compiler toolchain, CMake + Ninja and GoogleTest for the
+# torch-free C++ tests.
+need=()
+for pkg in g++ cmake ninja-build libgtest-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if ((${#need[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q "${need[@]}"
+fi
+
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout
+# --no-build-isolation: compile against the torch just installed, not a fresh one.
+MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VENV/bin/pip" install -q --no-build-isolation -e .
+"$VENV/bin/python" -c "import mori_torch, torch; print('mori_torch built against torch', torch.__version__)"

@@ -1,0 +1,136 @@
+"""Shared fixtures: TCP engine pairs in this process and target engines in
+other processes (real sockets, real processes)."""
+import multiprocessing as mp
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from mori_torch.io import (  # noqa: E402
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    StatusCode,
+    TcpBackendConfig,
+)
+
+_counter = [0]
+
+
+def unique_key(prefix: str) -> str:
+    _counter[0] += 1
+    return f"{prefix}-{os.getpid()}-{_counter[0]}"
+
+
+def make_engine(prefix="eng", **tcp_kwargs) -> IOEngine:
+    e = IOEngine(unique_key(prefix), IOEngineConfig("127.0.0.1", 0))
+    e.create_backend(BackendType.TCP, TcpBackendConfig(**tcp_kwargs))
+    return e
+
+
+def pattern(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+def wait_ok(status, timeout_ms=20000):
+    code = status.WaitFor(timeout_ms)
+    assert code == StatusCode.SUCCESS, f"{code!r}: {status.Message()}"
+
+
+class Pair:
+    """Initiator and target engines in this process, registered both ways."""
+
+    def __init__(self, nbytes=1 << 20, **tcp_kwargs):
+        self.init = make_engine("init", **tcp_kwargs)
+        self.target = make_engine("target", **tcp_kwargs)
+        self.init.register_remote_engine(self.target.get_engine_desc())
+        self.target.register_remote_engine(self.init.get_engine_desc())
+        self.local = torch.zeros(nbytes, dtype=torch.uint8)
+        self.remote = torch.zeros(nbytes, dtype=torch.uint8)
+        self.local_desc = self.init.register_torch_tensor(self.local)
+        # The initiator only ever sees the target's memory as packed bytes.
+        self.remote_desc = MemoryDesc.unpack(self.target.register_torch_tensor(self.remote).pack())
+
+    def close(self):
+        self.init.shutdown()
+        self.target.shutdown()
+
+
+@pytest.fixture(params=[1, 2, 4], ids=lambda n: f"conns{n}")
+def pair(request):
+    p = Pair(nbytes=4 << 20, num_data_conns=request.param, striping_threshold_bytes=4096)
+    yield p
+    p.close()
+
+
+# ---------------------------------------------------------------------------
+# Target engine in another process, driven over a pipe.
+
+
+def _target_main(conn, key, nbytes, tcp_kwargs):
+    import torch  # noqa: F811
+
+    from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, TcpBackendConfig
+
+    eng = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+    eng.create_backend(BackendType.TCP, TcpBackendConfig(**tcp_kwargs))
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    md = eng.register_torch_tensor(buf)
+    conn.send((eng.get_engine_desc().pack(), md.pack(), os.getpid()))
+    while True:
+        cmd, arg = conn.recv()
+        if cmd == "fill":
+            g = torch.Generator().manual_seed(arg)
+            buf.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g))
+            conn.send(True)
+        elif cmd == "get":
+            lo, hi = arg
+            conn.send(bytes(buf[lo:hi].numpy()))
+        elif cmd == "register_remote":
+            eng.register_remote_engine(EngineDesc.unpack(arg))
+            conn.send(True)
+        elif cmd == "pop":
+            conn.send(eng.pop_inbound_transfer_status(*arg) is not None)
+        elif cmd == "exit":
+            eng.shutdown()
+            conn.send(True)
+            return
+
+
+class RemoteTarget:
+    """A target engine in a separate process (spawned, so no forked threads)."""
+
+    def __init__(self, nbytes=1 << 20, **tcp_kwargs):
+        ctx = mp.get_context("spawn")
+        self.key = unique_key("remote")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_target_main, args=(child, self.key, nbytes, tcp_kwargs), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(60):
+            raise RuntimeError("remote target did not start")
+        engine_bytes, mem_bytes, self.pid = self.conn.recv()
+        self.engine_desc = EngineDesc.unpack(engine_bytes)
+        self.mem_desc = MemoryDesc.unpack(mem_bytes)
+
+    def call(self, cmd, arg=None, timeout=30):
+        self.conn.send((cmd, arg))
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"remote target did not answer {cmd}")
+        return self.conn.recv()
+
+    def close(self):
+        if self.proc.is_alive():
+            try:
+                self.call("exit", timeout=10)
+            except Exception:
+                pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)

@@ -1,0 +1,61 @@
+"""The benchmark CLI runs end to end (two processes, engine + socket baseline)
+and refuses backends that are not implemented yet with a clear message."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = {
+    "backend", "op", "mem", "segment_bytes", "segments", "gbps", "baseline", "baseline_gbps", "ratio",
+    "machine", "p50_us", "p99_us", "iters", "num_data_conns", "sess", "shuffle", "command",
+}
+
+
+def _run(*args, timeout=120):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run(
+        [sys.executable, "-m", "mori_torch.benchmark", *args],
+        cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_batch_write_session_json(tmp_path):
+    out = tmp_path / "bench.json"
+    p = _run(
+        "--op-type", "write", "--buffer-size", "64K", "--transfer-batch-size", "4",
+        "--enable-batch-transfer", "--enable-sess", "--iters", "3", "--warmup", "1", "--json", str(out),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "baseline GB/s" in p.stdout and "ratio" in p.stdout
+    records = json.loads(out.read_text())
+    assert isinstance(records, list) and len(records) == 1
+    r = records[0]
+    assert REQUIRED <= set(r), REQUIRED - set(r)
+    assert r["backend"] == "tcp" and r["op"] == "write" and r["mem"] == "cpu"
+    assert r["segment_bytes"] == 64 * 1024 and r["segments"] == 4
+    assert r["sess"] is True and r["shuffle"] is False and r["iters"] == 3
+    assert r["gbps"] > 0 and r["baseline_gbps"] > 0
+    assert r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
+    assert r["p99_us"] >= r["p50_us"] > 0
+    assert r["verified"] is True
+    assert r["command"][1:] == p.args[3:]
+
+
+@pytest.mark.parametrize("backend", ["rdma", "xgmi"])
+def test_unimplemented_backend_is_refused(backend):
+    p = _run("--backend", backend, "--iters", "1", timeout=60)
+    assert p.returncode != 0
+    assert f"--backend {backend} is not supported yet" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_gpu_memory_is_refused():
+    p = _run("--mem-type", "gpu", timeout=60)
+    assert p.returncode != 0
+    assert "--mem-type gpu is not supported yet" in p.stderr
+    assert "Traceback" not in p.stderr
