@@ -52,6 +52,7 @@ class ByteReader {
   }
   void GetBytes(void* out, size_t n, const char* field) {
     Need(n, field);
+    if (n == 0) return;  // memcpy with a null pointer is undefined even for 0 bytes
     std::memcpy(out, p_, n);
     p_ += n;
   }

@@ -109,6 +109,10 @@ void ControlPlaneServer::AcceptLoop() {
     conns_.push_back(std::move(c));
     raw->thread = std::thread([this, raw] {
       Serve(raw);
+      // Tell the peer now: the fd itself is only closed when the connection
+      // is reaped (next accept), and Stop() may still shut it down, so it
+      // must not be closed (and its number reused) from this thread.
+      raw->sock.Shutdown();
       raw->done.store(true);
     });
   }

@@ -1,5 +1,7 @@
 #include "backends/tcp/tcp_data_conn.h"
 
+#include <poll.h>
+
 #include "core/logging.h"
 
 namespace mori_torch {
@@ -28,8 +30,8 @@ void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side,
   }
 }
 
-DataConn::DataConn(Socket sock, std::string peer_key, const TcpConfig& cfg)
-    : sock_(std::move(sock)), peer_key_(std::move(peer_key)), cfg_(cfg) {
+DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg)
+    : peer_key_(std::move(peer_key)), cfg_(cfg), connect_(std::move(connect)) {
   sender_ = std::thread([this] { SendLoop(); });
   receiver_ = std::thread([this] { RecvLoop(); });
 }
@@ -45,6 +47,20 @@ bool DataConn::Broken() const {
   return broken_;
 }
 
+bool DataConn::Usable() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_) return false;
+    if (!connected_ || !send_q_.empty() || !inflight_.empty()) return true;
+    // Checked under mu_: nothing can be sent meanwhile, so no response can
+    // be what makes the socket readable.
+    pollfd p{sock_.fd(), POLLIN, 0};
+    if (::poll(&p, 1, 0) == 0) return true;
+  }
+  Break("connection closed by the peer while idle");
+  return false;
+}
+
 void DataConn::Enqueue(PartPtr p) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -58,7 +74,8 @@ void DataConn::Enqueue(PartPtr p) {
 }
 
 void DataConn::Complete(Part& p, StatusCode code, const std::string& msg) {
-  p.use.reset();
+  // p.use belongs to the sender thread, which may still be gathering from it
+  // (Break() and responses can end a part mid-send); it releases it itself.
   if (p.tracker) p.tracker->PartDone(code, msg);
 }
 
@@ -74,7 +91,10 @@ void DataConn::Break(const std::string& reason) {
     send_q_.clear();
     cv_.notify_all();
   }
-  sock_.Shutdown();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sock_.Shutdown();
+  }
   if (!failed.empty()) {
     MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
                                                    << failed.size() << " request(s)");
@@ -106,7 +126,24 @@ bool DataConn::Prepare(Part& p) {
   return true;
 }
 
+bool DataConn::Connect() {
+  Socket s;
+  try {
+    s = connect_();
+  } catch (const Error& e) {
+    Break(e.what());
+    return false;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (broken_) return false;
+  sock_ = std::move(s);
+  connected_ = true;
+  cv_.notify_all();
+  return true;
+}
+
 void DataConn::SendLoop() {
+  if (!Connect()) return;
   std::vector<PartPtr> batch;
   std::vector<iovec> iov;
   while (true) {
@@ -149,7 +186,7 @@ void DataConn::RecvLoop() {
     PartPtr head;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return broken_ || !inflight_.empty(); });
+      cv_.wait(lk, [&] { return broken_ || (connected_ && !inflight_.empty()); });
       if (broken_) return;
       head = inflight_.front();
     }

@@ -1,4 +1,5 @@
-// Initiator side of one TCP data connection. A sender thread writes queued
+// Initiator side of one TCP data connection. The sender thread first opens
+// the connection (so submitting never waits on the network), then writes queued
 // requests back to back (several per sendmsg, payload gathered straight from
 // registered memory); a receiver thread reads the in-order responses (and
 // read payloads, scattered straight into registered memory). Any I/O error or
@@ -7,6 +8,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,7 +47,9 @@ using PartPtr = std::shared_ptr<Part>;
 
 class DataConn {
  public:
-  DataConn(Socket sock, std::string peer_key, const TcpConfig& cfg);
+  // `connect` opens the socket (throws Error); it runs on the sender thread,
+  // and requests queued meanwhile fail with its error if it throws.
+  DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg);
   ~DataConn();  // breaks the connection (ending its requests) and joins
   DataConn(const DataConn&) = delete;
   DataConn& operator=(const DataConn&) = delete;
@@ -53,6 +57,10 @@ class DataConn {
   // Queues a request; on a broken connection the request fails at once.
   void Enqueue(PartPtr p);
   bool Broken() const;
+  // False once broken. An idle connection (nothing queued or in flight) that
+  // is readable was closed by the peer (it restarted, say): it is broken
+  // here, so the caller reopens it instead of failing the next request.
+  bool Usable();
   // Ends every queued and in-flight request with `reason`. Idempotent.
   void Break(const std::string& reason);
 
@@ -62,9 +70,13 @@ class DataConn {
   // Fills the wire header and table; acquires write payloads. False if the
   // part was failed instead (its local memory was deregistered).
   bool Prepare(Part& p);
+  // Runs connect_; false (connection broken) if it failed.
+  bool Connect();
   void Complete(Part& p, StatusCode code, const std::string& msg);
 
-  Socket sock_;
+  std::function<Socket()> connect_;
+  Socket sock_;  // set once by Connect(), under mu_
+  bool connected_ = false;
   const std::string peer_key_;
   const TcpConfig cfg_;
   mutable std::mutex mu_;

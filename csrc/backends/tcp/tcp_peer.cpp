@@ -31,20 +31,20 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
     return nullptr;
   }
   auto& c = conns_[i];
-  if (c && !c->Broken()) return c;
-  try {
-    Socket s = OpenEngineConnection(self_, remote_, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
-                                    static_cast<int>(cfg_.connect_timeout_ms));
+  if (c && c->Usable()) return c;
+  // Connecting happens on the connection's own thread: a slow or hung peer
+  // never blocks the caller's submit.
+  auto connect = [self = self_, remote = remote_, cfg = cfg_]() {
+    Socket s = OpenEngineConnection(self, remote, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
+                                    static_cast<int>(cfg.connect_timeout_ms));
     SetNoDelay(s.fd(), true);  // requests are written whole; never wait for acks
-    SetBufferSizes(s.fd(), static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
-    SetKeepalive(s.fd(), cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
-                 static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
-    c = std::make_shared<DataConn>(std::move(s), remote_.key, cfg_);  // the broken one is joined here
-    return c;
-  } catch (const Error& e) {
-    *err = e.what();
-    return nullptr;
-  }
+    SetBufferSizes(s.fd(), static_cast<int>(cfg.sock_sndbuf_bytes), static_cast<int>(cfg.sock_rcvbuf_bytes));
+    SetKeepalive(s.fd(), cfg.enable_keepalive, static_cast<int>(cfg.keepalive_idle_sec),
+                 static_cast<int>(cfg.keepalive_intvl_sec), static_cast<int>(cfg.keepalive_cnt));
+    return s;
+  };
+  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_);  // the broken one is joined here
+  return c;
 }
 
 void TcpPeer::Submit(TransferOp op) {

@@ -1,0 +1,127 @@
+"""Engines in two processes: transfers, notices, and a peer that dies or
+hangs mid-transfer while another peer keeps working."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from conftest import RemoteTarget, make_engine, pattern, wait_ok
+from mori_torch.io import StatusCode
+
+
+@pytest.fixture(params=[1, 2, 4], ids=lambda n: f"conns{n}")
+def remote(request):
+    init = make_engine("init2p", num_data_conns=request.param, striping_threshold_bytes=4096)
+    tgt = RemoteTarget(nbytes=8 << 20, num_data_conns=request.param)
+    init.register_remote_engine(tgt.engine_desc)
+    tgt.call("register_remote", init.get_engine_desc().pack())
+    yield init, tgt
+    tgt.close()
+    init.shutdown()
+
+
+@pytest.mark.parametrize("use_session", [False, True], ids=["engine", "session"])
+def test_write_then_read_across_processes(remote, use_session):
+    init, tgt = remote
+    n = tgt.mem_desc.size
+    local = pattern(n, 11)
+    ld = init.register_torch_tensor(local)
+    sess = init.create_session(ld, tgt.mem_desc) if use_session else None
+
+    def xfer(op, lo, ro, size):
+        uid = init.allocate_transfer_uid()
+        if sess:
+            return uid, getattr(sess, op)(lo, ro, size, uid)
+        return uid, getattr(init, op)(ld, lo, tgt.mem_desc, ro, size, uid)
+
+    uid, st = xfer("write", 0, 0, n)
+    wait_ok(st)
+    assert tgt.call("get", (0, n)) == bytes(local.numpy())
+    assert tgt.call("pop", (init.key, uid)) is True
+    assert tgt.call("pop", (init.key, uid)) is False
+
+    # Batches of 8 B and 8 KiB segments, 1 and 64 of them, shuffled.
+    for size in (8, 8192):
+        for batch in (1, 64):
+            tgt.call("fill", size + batch)
+            expected = pattern(n, size + batch)
+            ro = [((i * 7919) % batch) * size * 2 for i in range(batch)]
+            lo = [i * size for i in range(batch)]
+            local.zero_()
+            uid = init.allocate_transfer_uid()
+            if sess:
+                st = sess.batch_read(lo, ro, [size] * batch, uid)
+            else:
+                (st,) = init.batch_read([ld], [lo], [tgt.mem_desc], [ro], [[size] * batch], [uid])
+            wait_ok(st)
+            for a, b in zip(lo, ro):
+                assert torch.equal(local[a:a + size], expected[b:b + size])
+            deadline = time.time() + 5
+            while not tgt.call("pop", (init.key, uid)):
+                assert time.time() < deadline, "read notice never arrived"
+                time.sleep(0.005)
+
+
+def _stalled_transfers(init, ld, desc, count=8, size=8 << 20):
+    return [init.write(ld, 0, desc, 0, size, init.allocate_transfer_uid()) for _ in range(count)]
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_peer_dies_mid_transfer_other_peer_unaffected(how):
+    timeout_ms = 3000
+    init = make_engine("init-kill", num_data_conns=2, op_timeout_ms=timeout_ms, connect_timeout_ms=2000)
+    victim = RemoteTarget(nbytes=64 << 20, num_data_conns=2, op_timeout_ms=timeout_ms)
+    healthy = RemoteTarget(nbytes=1 << 20, num_data_conns=2)
+    try:
+        for t in (victim, healthy):
+            init.register_remote_engine(t.engine_desc)
+        local = pattern(64 << 20, 3)
+        ld = init.register_torch_tensor(local)
+        wait_ok(init.write(ld, 0, victim.mem_desc, 0, 1 << 20, init.allocate_transfer_uid()))  # connections up
+        # Freeze the victim so our transfers are certainly in flight, then
+        # kill it (connections reset) or leave it frozen (only the timeout helps).
+        os.kill(victim.pid, signal.SIGSTOP)
+        sts = _stalled_transfers(init, ld, victim.mem_desc, size=64 << 20)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        if how == "killed":
+            os.kill(victim.pid, signal.SIGKILL)
+        codes = [s.WaitFor(timeout_ms + 5000) for s in sts]
+        elapsed = time.monotonic() - t0
+        assert all(c not in (StatusCode.IN_PROGRESS, StatusCode.SUCCESS) for c in codes), codes
+        assert all(s.Failed() for s in sts)
+        assert elapsed < timeout_ms / 1000 + 3, elapsed
+        assert "engine '" + victim.key + "'" in sts[0].Message()
+        # The other peer still works.
+        st = init.write(ld, 0, healthy.mem_desc, 0, 1 << 20, init.allocate_transfer_uid())
+        wait_ok(st)
+        assert healthy.call("get", (0, 1 << 20)) == bytes(local[: 1 << 20].numpy())
+    finally:
+        try:
+            os.kill(victim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        victim.proc.join(5)
+        healthy.close()
+        init.shutdown()
+
+
+def test_restarted_peer_is_reached_again():
+    init = make_engine("init-restart", num_data_conns=2)
+    first = RemoteTarget(nbytes=1 << 16)
+    init.register_remote_engine(first.engine_desc)
+    ld = init.register_torch_tensor(pattern(1 << 16, 5))
+    wait_ok(init.write(ld, 0, first.mem_desc, 0, 1 << 16, init.allocate_transfer_uid()))
+    first.close()
+    # A transfer to the dead peer fails cleanly, without hanging.
+    st = init.write(ld, 0, first.mem_desc, 0, 1 << 16, init.allocate_transfer_uid())
+    assert st.WaitFor(10000) == StatusCode.ERR_BAD_STATE
+    second = RemoteTarget(nbytes=1 << 16)
+    try:
+        init.register_remote_engine(second.engine_desc)
+        wait_ok(init.write(ld, 0, second.mem_desc, 0, 1 << 16, init.allocate_transfer_uid()))
+    finally:
+        second.close()
+        init.shutdown()
