@@ -31,7 +31,7 @@ void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side,
 }
 
 DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg)
-    : peer_key_(std::move(peer_key)), cfg_(cfg), connect_(std::move(connect)) {
+    : connect_(std::move(connect)), peer_key_(std::move(peer_key)), cfg_(cfg) {
   sender_ = std::thread([this] { SendLoop(); });
   receiver_ = std::thread([this] { RecvLoop(); });
 }
