@@ -47,7 +47,9 @@ with_cuda = not force_cpu and torch.version.cuda is not None and CUDA_HOME is no
 with_hip = not force_cpu and torch.version.hip is not None and ROCM_HOME is not None
 gpu = with_cuda or with_hip
 
-cpp_sources = sources("csrc/core/*.cpp", "csrc/backends/*.cpp", "csrc/backends/tcp/*.cpp", "csrc/torch/*.cpp")
+cpp_sources = sources(
+    "csrc/core/*.cpp", "csrc/gpu/*.cpp", "csrc/backends/*.cpp", "csrc/backends/*/*.cpp", "csrc/torch/*.cpp"
+)
 gpu_sources = sources("csrc/gpu/*.cu") if gpu else []
 
 define_macros = [("MORI_WITH_GPU", "1" if gpu else "0")]

@@ -1,6 +1,7 @@
 // The one place that knows every backend: maps a BackendType to its
 // implementation, so the core engine stays free of backend headers.
 #include "backends/tcp/tcp_backend.h"
+#include "backends/xgmi/xgmi_backend.h"
 #include "core/backend.h"
 
 namespace mori_torch {
@@ -10,6 +11,7 @@ std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& conf
     case BackendType::TCP:
       return std::make_shared<tcp::TcpBackend>(tcp::TcpConfig::FromMap(config), ctx);
     case BackendType::XGMI:
+      return std::make_shared<xgmi::XgmiBackend>(xgmi::XgmiConfig::FromMap(config), ctx);
     case BackendType::RDMA:
       throw Error(StatusCode::ERR_BAD_STATE, std::string("create_backend: the ") + BackendTypeName(type) +
                                                  " backend is not available in this build of mori_torch");

@@ -10,6 +10,7 @@
 #include "core/byte_io.h"
 #include "core/logging.h"
 #include "core/transfer_args.h"
+#include "gpu/gpu_runtime.h"
 
 namespace mori_torch {
 namespace {
@@ -164,10 +165,22 @@ MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, Mem
       d.device_id = -1;
       d.numa_node = NumaNodeOf(ptr);
       break;
-    case MemoryLocationType::GPU:
-      throw Error(StatusCode::ERR_INVALID_ARGS,
-                  "register_memory: GPU memory (device " + std::to_string(device_id) +
-                      ") needs a build with CUDA or HIP support; this build has none");
+    case MemoryLocationType::GPU: {
+      gpu::DeviceRange r = gpu::DescribeDeviceRange(ptr, static_cast<uint64_t>(size));
+      if (device_id >= 0 && device_id != r.device) {
+        throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: device_id " + std::to_string(device_id) +
+                                                      " does not match the memory's device " +
+                                                      std::to_string(r.device));
+      }
+      d.device_id = r.device;
+      d.device_bus_id = r.bus_id;
+      // IPC handles name whole allocations: publish the base's handle and
+      // where the range sits in it (torch's caching allocator sub-allocates).
+      d.ipc_handle = gpu::IpcHandleOf(r.alloc_base);
+      d.ipc_offset = ptr - r.alloc_base;
+      d.numa_node = -1;
+      break;
+    }
     default:
       throw Error(StatusCode::ERR_INVALID_ARGS,
                   "register_memory: mem_loc " + std::to_string(static_cast<int>(loc)) + " is not CPU(1) or GPU(2)");
@@ -244,7 +257,7 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
   }
   for (auto t : kPreference) {
     auto b = BackendOf(t);
-    if (b && b->CanServe(local, remote)) {
+    if (b && b->CanServe(local, remote, remote_engine)) {
       route->backend = std::move(b);
       route->peer = route->backend->Peer(remote_engine);
       return StatusCode::SUCCESS;

@@ -7,7 +7,7 @@
 namespace mori_torch {
 namespace tcp {
 
-bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote) const {
+bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc&) const {
   return local.loc == MemoryLocationType::CPU && remote.loc == MemoryLocationType::CPU;
 }
 

@@ -48,7 +48,7 @@ class TcpBackend : public Backend {
   TcpBackend(const TcpConfig& cfg, const BackendContext& ctx) : cfg_(cfg), ctx_(ctx) {}
   ~TcpBackend() override { Shutdown(); }
   BackendType Type() const override { return BackendType::TCP; }
-  bool CanServe(const MemoryDesc& local, const MemoryDesc& remote) const override;
+  bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   void RemovePeer(const std::string& key) override;
   bool AcceptsDataConnections() const override { return true; }

@@ -1,0 +1,124 @@
+// BackendType.XGMI: GPU peer copies between GPUs of one node (NVLink, XGMI
+// or PCIe), in one process or across processes. Remote memory is mapped once
+// per (peer, memory) from its IPC handle. Few large segments go to the copy
+// engines (async copies on a pool of streams); batches of small segments go
+// to one gather/scatter kernel launch reading its list from device memory.
+// Completion: an event per transfer, polled by the status (Code/Wait) and by
+// a completion thread, so statuses end even if nobody polls.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.h"
+#include "gpu/gpu_runtime.h"
+
+namespace mori_torch {
+namespace xgmi {
+
+struct XgmiConfig {
+  int64_t num_streams = 64;
+  int64_t num_events = 64;
+  // Batches with at least this many segments (after merging) use the copy
+  // kernel; fewer go to the copy engines. See docs/BENCHMARK.md.
+  int64_t kernel_min_segments = 4;
+  // ...unless their segments average at least this many bytes.
+  int64_t kernel_max_avg_bytes = 1 << 20;
+  static XgmiConfig FromMap(const BackendConfig& m);
+};
+
+class XgmiBackend;
+struct PendingCopy;
+
+// Per-device resources: a stream pool and, per stream, a staging area for
+// kernel segment lists.
+struct DeviceContext {
+  struct Lane {
+    gpu::Stream stream = nullptr;
+    std::mutex mu;  // one submitter at a time per lane
+    gpu::CopySegment* host_list = nullptr;   // pinned
+    gpu::CopySegment* device_list = nullptr;
+    size_t capacity = 0;
+    gpu::Event list_copied = nullptr;  // host_list may be rewritten once this fired
+    bool list_pending = false;
+  };
+  int device = -1;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  std::atomic<uint64_t> next{0};
+};
+
+class XgmiPeer : public BackendPeer {
+ public:
+  XgmiPeer(XgmiBackend* backend, EngineDesc remote);
+  ~XgmiPeer() override;
+  void Submit(TransferOp op) override;
+  bool Alive() const override { return !closed_.load(); }
+  void Close();
+
+ private:
+  // Address of remote memory `d` in this process.
+  uint64_t RemoteBase(const MemoryDesc& d, int local_device);
+
+  XgmiBackend* backend_;
+  const EngineDesc remote_;
+  const bool same_process_;
+  std::atomic<bool> closed_{false};
+  std::mutex map_mu_;
+  struct Mapping {
+    uint64_t base = 0;
+    int device = -1;
+  };
+  std::unordered_map<MemoryId, Mapping> mapped_;
+};
+
+class XgmiBackend : public Backend {
+ public:
+  XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx);
+  ~XgmiBackend() override;
+  BackendType Type() const override { return BackendType::XGMI; }
+  bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
+  std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
+  void RemovePeer(const std::string& key) override;
+  void Shutdown() override;
+
+  // Runs the copies of one transfer and tracks its completion.
+  void Run(TransferOp op, uint64_t remote_base);
+  const BackendContext& ctx() const { return ctx_; }
+  bool shut_down() const { return shut_.load(); }
+
+ private:
+  DeviceContext& Device(int device);
+  gpu::Event TakeEvent(int device);
+  void ReturnEvent(gpu::Event e, int device);
+  void CompletionLoop();
+  // Polls pending transfers; returns how many are still pending.
+  size_t Reap();
+
+  const XgmiConfig cfg_;
+  const BackendContext ctx_;
+  std::atomic<bool> shut_{false};
+
+  std::mutex dev_mu_;
+  std::unordered_map<int, std::unique_ptr<DeviceContext>> devices_;
+  std::mutex event_mu_;
+  std::unordered_map<int, std::vector<gpu::Event>> free_events_;
+
+  std::mutex pending_mu_;
+  std::condition_variable pending_cv_;
+  std::deque<std::shared_ptr<PendingCopy>> pending_;
+  std::thread completion_thread_;
+
+  std::shared_mutex peers_mu_;
+  std::unordered_map<std::string, std::shared_ptr<XgmiPeer>> peers_;
+};
+
+}  // namespace xgmi
+}  // namespace mori_torch

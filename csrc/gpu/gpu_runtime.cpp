@@ -1,0 +1,257 @@
+#include "gpu/gpu_runtime.h"
+
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstring>
+
+#include "core/types.h"
+
+#if MORI_WITH_GPU
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "gpu/vendor.h"
+#endif
+
+namespace mori_torch {
+namespace gpu {
+
+#if MORI_WITH_GPU
+namespace {
+
+void Check(gpuError_t e, const char* what) {
+  if (e != gpuSuccess) {
+    gpuGetLastError();  // clear the sticky-free error so later calls are not blamed
+    throw Error(StatusCode::ERR_GPU_OP, std::string(what) + ": " + gpuGetErrorString(e));
+  }
+}
+
+#if !MORI_HIP
+// cuMemGetAddressRange from the driver, resolved at run time so nothing links
+// libcuda at build time.
+using GetAddressRangeFn = int (*)(unsigned long long*, size_t*, unsigned long long);
+GetAddressRangeFn AddressRangeFn() {
+  static GetAddressRangeFn fn = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return lib ? reinterpret_cast<GetAddressRangeFn>(dlsym(lib, "cuMemGetAddressRange_v2")) : nullptr;
+  }();
+  return fn;
+}
+#endif
+
+void AllocationOf(uint64_t ptr, uint64_t* base, uint64_t* size) {
+#if MORI_HIP
+  hipDeviceptr_t b = nullptr;
+  size_t s = 0;
+  Check(hipMemGetAddressRange(&b, &s, reinterpret_cast<hipDeviceptr_t>(ptr)), "hipMemGetAddressRange");
+  *base = reinterpret_cast<uint64_t>(b);
+  *size = s;
+#else
+  auto fn = AddressRangeFn();
+  if (!fn) throw Error(StatusCode::ERR_GPU_OP, "cannot resolve cuMemGetAddressRange_v2 from libcuda.so.1");
+  unsigned long long b = 0;
+  size_t s = 0;
+  int rc = fn(&b, &s, ptr);
+  if (rc != 0) throw Error(StatusCode::ERR_GPU_OP, "cuMemGetAddressRange failed with CUresult " + std::to_string(rc));
+  *base = b;
+  *size = s;
+#endif
+}
+
+}  // namespace
+
+bool Compiled() { return true; }
+
+int DeviceCount() {
+  int n = 0;
+  if (gpuGetDeviceCount(&n) != gpuSuccess) {
+    gpuGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+DeviceRange DescribeDeviceRange(uint64_t ptr, uint64_t size) {
+  gpuPointerAttributes attr{};
+  gpuError_t e = gpuPointerGetAttributes(&attr, reinterpret_cast<void*>(ptr));
+  if (e != gpuSuccess || attr.type != gpuMemoryTypeDevice) {
+    gpuGetLastError();
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                "register_memory: " + std::to_string(ptr) + " is not device memory of this process");
+  }
+  DeviceRange r;
+  r.device = attr.device;
+  SetDevice(r.device);
+  AllocationOf(ptr, &r.alloc_base, &r.alloc_size);
+  if (ptr + size > r.alloc_base + r.alloc_size) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: range [" + std::to_string(ptr) + ", +" +
+                                                  std::to_string(size) + ") exceeds its device allocation of " +
+                                                  std::to_string(r.alloc_size) + " bytes at " +
+                                                  std::to_string(r.alloc_base));
+  }
+  char bus[64] = {0};
+  Check(gpuDeviceGetPCIBusId(bus, sizeof(bus), r.device), "DeviceGetPCIBusId");
+  for (char* c = bus; *c; ++c) *c = static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+  r.bus_id = bus;
+  return r;
+}
+
+IpcHandle IpcHandleOf(uint64_t alloc_base) {
+  gpuIpcMemHandle_t h;
+  Check(gpuIpcGetMemHandle(&h, reinterpret_cast<void*>(alloc_base)), "IpcGetMemHandle");
+  static_assert(sizeof(h) <= kIpcHandleBytes, "IPC handle does not fit");
+  IpcHandle out{};
+  std::memcpy(out.data(), &h, sizeof(h));
+  return out;
+}
+
+uint64_t OpenIpcHandle(const IpcHandle& handle, int device) {
+  SetDevice(device);
+  gpuIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* p = nullptr;
+  Check(gpuIpcOpenMemHandle(&p, h, gpuIpcMemLazyEnablePeerAccess), "IpcOpenMemHandle");
+  return reinterpret_cast<uint64_t>(p);
+}
+
+void CloseIpcHandle(uint64_t mapped_base, int device) {
+  SetDevice(device);
+  Check(gpuIpcCloseMemHandle(reinterpret_cast<void*>(mapped_base)), "IpcCloseMemHandle");
+}
+
+Stream CreateStream(int device) {
+  SetDevice(device);
+  gpuStream_t s;
+  Check(gpuStreamCreateWithFlags(&s, gpuStreamNonBlocking), "StreamCreate");
+  return s;
+}
+
+void DestroyStream(Stream s, int device) {
+  SetDevice(device);
+  gpuStreamDestroy(static_cast<gpuStream_t>(s));
+}
+
+Event CreateEvent(int device) {
+  SetDevice(device);
+  gpuEvent_t e;
+  Check(gpuEventCreateWithFlags(&e, gpuEventDisableTiming), "EventCreate");
+  return e;
+}
+
+void DestroyEvent(Event e, int device) {
+  SetDevice(device);
+  gpuEventDestroy(static_cast<gpuEvent_t>(e));
+}
+
+void RecordEvent(Event e, Stream s) {
+  Check(gpuEventRecord(static_cast<gpuEvent_t>(e), static_cast<gpuStream_t>(s)), "EventRecord");
+}
+
+int QueryEvent(Event e) {
+  gpuError_t r = gpuEventQuery(static_cast<gpuEvent_t>(e));
+  if (r == gpuSuccess) return 1;
+  if (r == gpuErrorNotReady) return 0;
+  Check(r, "EventQuery");
+  return 0;
+}
+
+void SynchronizeStream(Stream s) { Check(gpuStreamSynchronize(static_cast<gpuStream_t>(s)), "StreamSynchronize"); }
+
+void CopyAsync(uint64_t dst, uint64_t src, uint64_t bytes, Stream s) {
+  Check(gpuMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, gpuMemcpyDefault,
+                       static_cast<gpuStream_t>(s)),
+        "MemcpyAsync");
+}
+
+void* DeviceAlloc(int device, size_t bytes) {
+  SetDevice(device);
+  void* p = nullptr;
+  Check(gpuMalloc(&p, bytes), "Malloc");
+  return p;
+}
+
+void DeviceFree(void* p, int device) {
+  SetDevice(device);
+  gpuFree(p);
+}
+
+void SetDevice(int device) { Check(gpuSetDevice(device), "SetDevice"); }
+
+void EnablePeerAccess(int device, int peer) {
+  if (device == peer) return;
+  SetDevice(device);
+  gpuError_t e = gpuDeviceEnablePeerAccess(peer, 0);
+  if (e != gpuSuccess && e != gpuErrorPeerAccessAlreadyEnabled) Check(e, "DeviceEnablePeerAccess");
+  gpuGetLastError();
+}
+
+int CurrentDevice() {
+  int d = 0;
+  Check(gpuGetDevice(&d), "GetDevice");
+  return d;
+}
+
+void* PinnedAlloc(size_t bytes, int numa_node) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error(StatusCode::ERR_GPU_OP, "mmap of " + std::to_string(bytes) + " bytes failed");
+  if (numa_node >= 0 && numa_node < 64) {
+    unsigned long mask = 1UL << numa_node;
+    syscall(SYS_mbind, p, bytes, 1 /*MPOL_PREFERRED*/, &mask, 64, 0);  // best effort
+  }
+  gpuError_t e = gpuHostRegister(p, bytes, gpuHostRegisterPortable | gpuHostRegisterMapped);
+  if (e != gpuSuccess) {
+    munmap(p, bytes);  // nothing pinned stays behind
+    Check(e, "HostRegister");
+  }
+  return p;
+}
+
+void PinnedFree(void* p, size_t bytes) {
+  if (!p) return;
+  gpuHostUnregister(p);
+  munmap(p, bytes);
+}
+
+#else  // CPU-only build: every entry point says there is no GPU.
+
+namespace {
+[[noreturn]] void NoGpu(const char* what) {
+  throw Error(StatusCode::ERR_GPU_OP, std::string(what) + ": this build of mori_torch has no CUDA/HIP support");
+}
+}  // namespace
+
+bool Compiled() { return false; }
+int DeviceCount() { return 0; }
+DeviceRange DescribeDeviceRange(uint64_t, uint64_t) {
+  throw Error(StatusCode::ERR_INVALID_ARGS,
+              "register_memory: GPU memory needs a build with CUDA or HIP support; this build has none");
+}
+IpcHandle IpcHandleOf(uint64_t) { NoGpu("IpcHandleOf"); }
+uint64_t OpenIpcHandle(const IpcHandle&, int) { NoGpu("OpenIpcHandle"); }
+void CloseIpcHandle(uint64_t, int) {}
+Stream CreateStream(int) { NoGpu("CreateStream"); }
+void DestroyStream(Stream, int) {}
+Event CreateEvent(int) { NoGpu("CreateEvent"); }
+void DestroyEvent(Event, int) {}
+void RecordEvent(Event, Stream) { NoGpu("RecordEvent"); }
+int QueryEvent(Event) { NoGpu("QueryEvent"); }
+void SynchronizeStream(Stream) {}
+void CopyAsync(uint64_t, uint64_t, uint64_t, Stream) { NoGpu("CopyAsync"); }
+void* DeviceAlloc(int, size_t) { NoGpu("DeviceAlloc"); }
+void DeviceFree(void*, int) {}
+void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchSegmentCopy"); }
+void WarmUpKernels(int) {}
+void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
+void PinnedFree(void*, size_t) {}
+void EnablePeerAccess(int, int) { NoGpu("EnablePeerAccess"); }
+void SetDevice(int) { NoGpu("SetDevice"); }
+int CurrentDevice() { return -1; }
+
+#endif
+
+}  // namespace gpu
+}  // namespace mori_torch

@@ -1,0 +1,81 @@
+// The GPU runtime shim: the one interface through which the core and the
+// backends reach CUDA or HIP. This header includes no vendor header; the
+// implementation (gpu_runtime.cpp, copy_kernels.cu) is one source for both
+// vendors and compiles to "no GPU" stubs in a CPU-only build. Failures throw
+// mori_torch::Error(ERR_GPU_OP or ERR_INVALID_ARGS) naming the call.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mori_torch {
+namespace gpu {
+
+constexpr size_t kIpcHandleBytes = 64;
+using IpcHandle = std::array<uint8_t, kIpcHandleBytes>;
+
+// True when this build has CUDA or HIP support.
+bool Compiled();
+// Devices visible to this process (0 without GPU support or devices).
+int DeviceCount();
+
+struct DeviceRange {
+  int device = -1;
+  uint64_t alloc_base = 0;  // start of the allocation holding the range
+  uint64_t alloc_size = 0;
+  std::string bus_id;  // lower-case PCI id
+};
+// Describes device memory [ptr, ptr+size). Throws ERR_INVALID_ARGS when the
+// range is not device memory of one allocation, naming ptr, size and why.
+DeviceRange DescribeDeviceRange(uint64_t ptr, uint64_t size);
+
+IpcHandle IpcHandleOf(uint64_t alloc_base);
+// Maps a peer's allocation into this process (on `device`); returns its base.
+uint64_t OpenIpcHandle(const IpcHandle& handle, int device);
+void CloseIpcHandle(uint64_t mapped_base, int device);
+
+// Opaque stream / event handles.
+using Stream = void*;
+using Event = void*;
+Stream CreateStream(int device);
+void DestroyStream(Stream s, int device);
+Event CreateEvent(int device);
+void DestroyEvent(Event e, int device);
+void RecordEvent(Event e, Stream s);
+// 1 done, 0 pending; throws on a device error.
+int QueryEvent(Event e);
+void SynchronizeStream(Stream s);
+
+// Device-to-device (or any UVA) copy, asynchronous on `s`.
+void CopyAsync(uint64_t dst, uint64_t src, uint64_t bytes, Stream s);
+void* DeviceAlloc(int device, size_t bytes);
+void DeviceFree(void* p, int device);
+
+// One segment of a batched copy, read by the kernel from device memory.
+struct CopySegment {
+  uint64_t dst;
+  uint64_t src;
+  uint64_t bytes;
+};
+static_assert(sizeof(CopySegment) == 24, "CopySegment layout is shared with the kernel");
+// Launches one gather/scatter kernel over `count` segments listed at
+// `device_segments` (device memory), on `s`.
+void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s);
+// Loads every kernel of the project on `device` now: lazy module loading
+// while a stream waits on host memory can deadlock (notes/GPU_FACTS.md).
+void WarmUpKernels(int device);
+
+// Page-locked host memory from anonymous mmap + host registration (not
+// cudaHostAlloc); released safely if registration fails.
+void* PinnedAlloc(size_t bytes, int numa_node);
+void PinnedFree(void* p, size_t bytes);
+
+// Lets `device` reach `peer`'s memory directly (same process); idempotent.
+void EnablePeerAccess(int device, int peer);
+void SetDevice(int device);
+int CurrentDevice();
+
+}  // namespace gpu
+}  // namespace mori_torch

@@ -1,0 +1,247 @@
+"""GPU memory and the GPU peer backend (BackendType.XGMI): same process and
+across processes, same device and across devices. Skipped without a GPU."""
+import multiprocessing as mp
+import os
+import random
+import time
+
+import pytest
+import torch
+
+from conftest import unique_key, wait_ok
+from mori_torch.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+    TcpBackendConfig,
+    XgmiBackendConfig,
+)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+def xgmi_engine(prefix, tcp=False):
+    e = IOEngine(unique_key(prefix), IOEngineConfig("127.0.0.1", 0))
+    e.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    if tcp:
+        e.create_backend(BackendType.TCP, TcpBackendConfig())
+    return e
+
+
+def rand_bytes(n, dev, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(dev)
+
+
+@pytest.fixture(params=["same-device", "cross-device"])
+def gpu_pair(request):
+    if request.param == "cross-device" and not TWO_GPUS:
+        pytest.skip("needs two GPUs")
+    dst_dev = "cuda:1" if request.param == "cross-device" else "cuda:0"
+    a, b = xgmi_engine("ga"), xgmi_engine("gb")
+    a.register_remote_engine(b.get_engine_desc())
+    n = 8 << 20
+    local = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+    remote = torch.zeros(n, dtype=torch.uint8, device=dst_dev)
+    ld = a.register_torch_tensor(local)
+    rd = MemoryDesc.unpack(b.register_torch_tensor(remote).pack())
+    yield a, b, local, remote, ld, rd
+    a.shutdown()
+    b.shutdown()
+
+
+def test_gpu_registration_fields():
+    e = xgmi_engine("greg")
+    big = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda:0")
+    view = big[1 << 20: 2 << 20]
+    d = e.register_torch_tensor(view)
+    assert d.loc == MemoryLocationType.GPU and d.device_id == 0 and d.numa_node == -1
+    assert d.device_bus_id and d.device_bus_id == d.device_bus_id.lower() and ":" in d.device_bus_id
+    assert d.data == view.data_ptr() and d.size == 1 << 20
+    assert d.ipc_handle != bytes(64)
+    assert d.ipc_offset >= 1 << 20  # offset from the caching allocator's block base
+    assert MemoryDesc.unpack(d.pack()) == d
+    # Registering past the end of the device allocation is refused.
+    with pytest.raises(ValueError, match="exceeds its device allocation"):
+        e.register_memory(view.data_ptr(), 1 << 40, 0, MemoryLocationType.GPU)
+    with pytest.raises(ValueError, match="does not match"):
+        e.register_memory(view.data_ptr(), 16, 5, MemoryLocationType.GPU)
+    with pytest.raises(ValueError, match="not device memory"):
+        cpu = torch.zeros(16, dtype=torch.uint8)
+        e.register_memory(cpu.data_ptr(), 16, 0, MemoryLocationType.GPU)
+    e.shutdown()
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+@pytest.mark.parametrize("use_session", [False, True], ids=["engine", "session"])
+def test_single_transfers(gpu_pair, op, use_session):
+    a, b, local, remote, ld, rd = gpu_pair
+    src, dst = (remote, local) if op == "read" else (local, remote)
+    src.copy_(rand_bytes(src.numel(), src.device, 1))
+    for size in (8, 8192, 1 << 20, 8 << 20):
+        dst.zero_()
+        uid = a.allocate_transfer_uid()
+        if use_session:
+            sess = a.create_session(ld, rd)
+            assert sess.backend_type == BackendType.XGMI
+            st = getattr(sess, op)(0, 0, size, uid)
+        else:
+            st = getattr(a, op)(ld, 0, rd, 0, size, uid)
+        wait_ok(st)
+        torch.cuda.synchronize()
+        assert torch.equal(dst[:size], src[:size])
+        assert int(dst[size:].count_nonzero()) == 0
+
+
+def _layout(kind, count, seg, total, seed):
+    rnd = random.Random(seed)
+    if kind == "strided":
+        lo = [i * 2 * seg for i in range(count)]
+        ro = [i * 3 * seg for i in range(count)]
+        sizes = [seg] * count
+    elif kind == "shuffled":
+        lo = [i * seg for i in range(count)]
+        ro = [s * seg for s in rnd.sample(range(total // seg), count)]
+        sizes = [seg] * count
+    else:  # varying sizes
+        lo, ro, sizes, off = [], [], [], 0
+        slots = list(range(count))
+        rnd.shuffle(slots)
+        for i in range(count):
+            sz = rnd.choice([1, 3, 16, 100, 4096, seg])
+            lo.append(i * seg)
+            ro.append(slots[i] * seg)
+            sizes.append(sz)
+    return lo, ro, sizes
+
+
+@pytest.mark.parametrize("kind", ["strided", "shuffled", "varying"])
+@pytest.mark.parametrize("count", [1, 7, 256, 16384])
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_segment_batches(gpu_pair, kind, count, op):
+    a, b, local, remote, ld, rd = gpu_pair
+    seg = 128 if kind == "strided" and count == 16384 else (512 if count == 16384 else 4096)
+    lo, ro, sizes = _layout(kind, count, seg, remote.numel(), seed=count)
+    src, dst = (remote, local) if op == "read" else (local, remote)
+    src.copy_(rand_bytes(src.numel(), src.device, count))
+    dst.zero_()
+    sess = a.create_session(ld, rd)
+    st = getattr(sess, f"batch_{op}")(lo, ro, sizes, sess.allocate_transfer_uid())
+    wait_ok(st)
+    s_offs, d_offs = (ro, lo) if op == "read" else (lo, ro)
+    src_cpu, dst_cpu = src.cpu(), dst.cpu()
+    for so, do, sz in zip(s_offs, d_offs, sizes):
+        assert torch.equal(dst_cpu[do:do + sz], src_cpu[so:so + sz])
+
+
+def test_status_completes_by_polling_alone(gpu_pair):
+    a, b, local, remote, ld, rd = gpu_pair
+    local.fill_(5)
+    st = a.write(ld, 0, rd, 0, 8 << 20, a.allocate_transfer_uid())
+    deadline = time.monotonic() + 10
+    while not st.Succeeded():
+        assert not st.Failed(), st.Message()
+        assert time.monotonic() < deadline
+    assert bool((remote == 5).all())
+
+
+def test_backend_chosen_by_memory_kind():
+    a, b = xgmi_engine("auto-a", tcp=True), xgmi_engine("auto-b", tcp=True)
+    a.register_remote_engine(b.get_engine_desc())
+    g1 = a.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8, device="cuda:0"))
+    g2 = b.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8, device="cuda:0"))
+    c1 = a.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8))
+    c2 = b.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8))
+    assert a.create_session(g1, g2).backend_type == BackendType.XGMI
+    assert a.create_session(c1, c2).backend_type == BackendType.TCP
+    a.shutdown()
+    b.shutdown()
+
+
+def test_bad_offsets(gpu_pair):
+    a, b, local, remote, ld, rd = gpu_pair
+    st = a.write(ld, 0, rd, remote.numel() - 4, 8, 1)
+    assert st.Code() == StatusCode.ERR_INVALID_ARGS and "remote" in st.Message()
+    st = a.read(ld, local.numel(), rd, 0, 1, 2)
+    assert st.Code() == StatusCode.ERR_INVALID_ARGS
+
+
+# ---------------------------------------------------------------------------
+# Across processes: the target lives in another process on another GPU.
+
+
+def _gpu_target(conn, key, device):
+    import torch  # noqa: F811
+
+    from mori_torch.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
+
+    torch.cuda.set_device(device)
+    eng = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+    eng.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    big = torch.randint(0, 256, (128 << 20,), dtype=torch.uint8, device=f"cuda:{device}",
+                        generator=torch.Generator(device=f"cuda:{device}").manual_seed(42))
+    view = big[64 << 20: (64 << 20) + (1 << 20)]
+    whole = eng.register_torch_tensor(big)
+    vd = eng.register_torch_tensor(view)
+    torch.cuda.synchronize()
+    conn.send((eng.get_engine_desc().pack(), whole.pack(), vd.pack(), bytes(view.cpu().numpy())))
+    while True:
+        cmd = conn.recv()
+        if cmd == "dereg_view":
+            eng.deregister_memory(vd)
+            conn.send(True)
+        elif cmd == "sum":
+            conn.send(int(big.sum().item()))
+        elif cmd == "exit":
+            eng.shutdown()
+            conn.send(True)
+            return
+
+
+@pytest.fixture
+def gpu_remote():
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    dev = 1 if TWO_GPUS else 0
+    proc = ctx.Process(target=_gpu_target, args=(child, unique_key("gpu-remote"), dev), daemon=True)
+    proc.start()
+    assert conn.poll(120), "GPU target did not start"
+    eng_b, whole_b, view_b, view_bytes = conn.recv()
+    yield conn, EngineDesc.unpack(eng_b), MemoryDesc.unpack(whole_b), MemoryDesc.unpack(view_b), view_bytes
+    conn.send("exit")
+    conn.poll(30)
+    proc.join(30)
+    if proc.is_alive():
+        proc.kill()
+
+
+def test_view_at_offset_read_from_another_process(gpu_remote):
+    conn, edesc, whole, view, view_bytes = gpu_remote
+    a = xgmi_engine("gx")
+    a.register_remote_engine(edesc)
+    local = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    ld = a.register_torch_tensor(local)
+    assert view.ipc_offset >= 64 << 20
+    wait_ok(a.read(ld, 0, view, 0, 1 << 20, a.allocate_transfer_uid()))
+    assert bytes(local.cpu().numpy()) == view_bytes
+    # Batched read of shuffled 4 KiB pages from the whole allocation.
+    pages = random.Random(1).sample(range((128 << 20) // 4096), 256)
+    sess = a.create_session(ld, whole)
+    wait_ok(sess.batch_read([i * 4096 for i in range(256)], [p * 4096 for p in pages], [4096] * 256,
+                            sess.allocate_transfer_uid()))
+    # Write back into the remote allocation and check through its sum.
+    before = conn.send("sum") or conn.recv()
+    local.fill_(0)
+    wait_ok(a.write(ld, 0, view, 0, 1 << 20, a.allocate_transfer_uid()))
+    after = conn.send("sum") or conn.recv()
+    assert after == before - sum(view_bytes)
+    # The target deregisters while we hold the mapping: nothing crashes, and
+    # our engine can still shut down cleanly.
+    conn.send("dereg_view")
+    assert conn.recv() is True
+    a.shutdown()
