@@ -94,7 +94,7 @@ def test_single_transfers(gpu_pair, op, use_session):
             st = getattr(a, op)(ld, 0, rd, 0, size, uid)
         wait_ok(st)
         torch.cuda.synchronize()
-        assert torch.equal(dst[:size], src[:size])
+        assert torch.equal(dst[:size].cpu(), src[:size].cpu())
         assert int(dst[size:].count_nonzero()) == 0
 
 
@@ -113,7 +113,7 @@ def _layout(kind, count, seg, total, seed):
         slots = list(range(count))
         rnd.shuffle(slots)
         for i in range(count):
-            sz = rnd.choice([1, 3, 16, 100, 4096, seg])
+            sz = rnd.choice([1, 3, 16, 100, seg // 2, seg])
             lo.append(i * seg)
             ro.append(slots[i] * seg)
             sizes.append(sz)
