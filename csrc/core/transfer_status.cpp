@@ -1,6 +1,7 @@
 #include "core/transfer_status.h"
 
 #include <chrono>
+#include <thread>
 
 namespace mori_torch {
 
@@ -69,6 +70,18 @@ StatusCode TransferStatus::WaitFor(int64_t timeout_ms) {
   if (IsTerminal(c) || timeout_ms == 0) return c;
   const bool forever = timeout_ms < 0;
   const auto deadline = Clock::now() + std::chrono::milliseconds(forever ? 0 : timeout_ms);
+  // Poll-completed statuses (GPU events) are spun on for a short while
+  // first: a timed sleep costs tens of microseconds, most copies end sooner.
+  const auto spin_until = Clock::now() + std::chrono::microseconds(500);
+  while (Clock::now() < spin_until && (forever || Clock::now() < deadline)) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!progress_) break;
+    }
+    c = Code();
+    if (IsTerminal(c)) return c;
+    std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     c = PeekCode();
