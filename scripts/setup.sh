@@ -10,9 +10,9 @@ VENV=${MORI_VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
 
 # System packages: a compiler toolchain, CMake + Ninja and GoogleTest for the
-# torch-free C++ tests.
+# torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check.
 need=()
-for pkg in g++ cmake ninja-build libgtest-dev; do
+for pkg in g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -25,7 +25,7 @@ namespace {
 
 void Check(gpuError_t e, const char* what) {
   if (e != gpuSuccess) {
-    gpuGetLastError();  // clear the sticky-free error so later calls are not blamed
+    (void)gpuGetLastError();  // clear the sticky-free error so later calls are not blamed
     throw Error(StatusCode::ERR_GPU_OP, std::string(what) + ": " + gpuGetErrorString(e));
   }
 }
@@ -69,7 +69,7 @@ bool Compiled() { return true; }
 int DeviceCount() {
   int n = 0;
   if (gpuGetDeviceCount(&n) != gpuSuccess) {
-    gpuGetLastError();
+    (void)gpuGetLastError();
     return 0;
   }
   return n;
@@ -78,8 +78,8 @@ int DeviceCount() {
 DeviceRange DescribeDeviceRange(uint64_t ptr, uint64_t size) {
   gpuPointerAttributes attr{};
   gpuError_t e = gpuPointerGetAttributes(&attr, reinterpret_cast<void*>(ptr));
-  if (e != gpuSuccess || attr.type != gpuMemoryTypeDevice) {
-    gpuGetLastError();
+  if (e != gpuSuccess || !gpuPointerIsDevice(attr)) {
+    (void)gpuGetLastError();
     throw Error(StatusCode::ERR_INVALID_ARGS,
                 "register_memory: " + std::to_string(ptr) + " is not device memory of this process");
   }
@@ -132,7 +132,7 @@ Stream CreateStream(int device) {
 
 void DestroyStream(Stream s, int device) {
   SetDevice(device);
-  gpuStreamDestroy(static_cast<gpuStream_t>(s));
+  (void)gpuStreamDestroy(static_cast<gpuStream_t>(s));
 }
 
 Event CreateEvent(int device) {
@@ -144,7 +144,7 @@ Event CreateEvent(int device) {
 
 void DestroyEvent(Event e, int device) {
   SetDevice(device);
-  gpuEventDestroy(static_cast<gpuEvent_t>(e));
+  (void)gpuEventDestroy(static_cast<gpuEvent_t>(e));
 }
 
 void RecordEvent(Event e, Stream s) {
@@ -176,7 +176,7 @@ void* DeviceAlloc(int device, size_t bytes) {
 
 void DeviceFree(void* p, int device) {
   SetDevice(device);
-  gpuFree(p);
+  (void)gpuFree(p);
 }
 
 void SetDevice(int device) { Check(gpuSetDevice(device), "SetDevice"); }
@@ -186,7 +186,7 @@ void EnablePeerAccess(int device, int peer) {
   SetDevice(device);
   gpuError_t e = gpuDeviceEnablePeerAccess(peer, 0);
   if (e != gpuSuccess && e != gpuErrorPeerAccessAlreadyEnabled) Check(e, "DeviceEnablePeerAccess");
-  gpuGetLastError();
+  (void)gpuGetLastError();
 }
 
 int CurrentDevice() {
@@ -212,7 +212,7 @@ void* PinnedAlloc(size_t bytes, int numa_node) {
 
 void PinnedFree(void* p, size_t bytes) {
   if (!p) return;
-  gpuHostUnregister(p);
+  (void)gpuHostUnregister(p);
   munmap(p, bytes);
 }
 

@@ -2,7 +2,7 @@
 // implementation files of csrc/gpu, never by a header others include.
 #pragma once
 
-#if defined(USE_ROCM) || defined(__HIP_PLATFORM_AMD__)
+#if defined(USE_ROCM) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
 #include <hip/hip_runtime.h>
 #define MORI_HIP 1
 #define gpuError_t hipError_t
@@ -17,7 +17,11 @@
 #define gpuGetDevice hipGetDevice
 #define gpuPointerAttributes hipPointerAttribute_t
 #define gpuPointerGetAttributes hipPointerGetAttributes
-#define gpuMemoryTypeDevice hipMemoryTypeDevice
+#if HIP_VERSION_MAJOR >= 6
+#define gpuPointerIsDevice(attr) ((attr).type == hipMemoryTypeDevice)
+#else
+#define gpuPointerIsDevice(attr) ((attr).memoryType == hipMemoryTypeDevice)
+#endif
 #define gpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define gpuIpcMemHandle_t hipIpcMemHandle_t
 #define gpuIpcGetMemHandle hipIpcGetMemHandle
@@ -59,7 +63,7 @@
 #define gpuGetDevice cudaGetDevice
 #define gpuPointerAttributes cudaPointerAttributes
 #define gpuPointerGetAttributes cudaPointerGetAttributes
-#define gpuMemoryTypeDevice cudaMemoryTypeDevice
+#define gpuPointerIsDevice(attr) ((attr).type == cudaMemoryTypeDevice)
 #define gpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define gpuIpcMemHandle_t cudaIpcMemHandle_t
 #define gpuIpcGetMemHandle cudaIpcGetMemHandle
