@@ -315,12 +315,20 @@ class IOEngineSession:
             return TransferStatus(self._s.write(local_offset, remote_offset, size, uid))
 
     def batch_read(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
-        with _typed_errors():
-            return TransferStatus(self._s.batch_read(list(local_offsets), list(remote_offsets), list(sizes), uid))
+        """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
+        return self._batch(self._s.batch_read, self._s.batch_read_tensors, local_offsets, remote_offsets, sizes, uid)
 
     def batch_write(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
+        """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
+        return self._batch(self._s.batch_write, self._s.batch_write_tensors, local_offsets, remote_offsets, sizes,
+                           uid)
+
+    @staticmethod
+    def _batch(from_lists, from_tensors, local_offsets, remote_offsets, sizes, uid):
         with _typed_errors():
-            return TransferStatus(self._s.batch_write(list(local_offsets), list(remote_offsets), list(sizes), uid))
+            if isinstance(local_offsets, torch.Tensor):
+                return TransferStatus(from_tensors(local_offsets, remote_offsets, sizes, uid))
+            return TransferStatus(from_lists(list(local_offsets), list(remote_offsets), list(sizes), uid))
 
     def alive(self) -> bool:
         return self._s.alive()

@@ -47,6 +47,16 @@ std::vector<uint8_t> TensorToBytes(const at::Tensor& t, const char* what) {
 
 std::vector<int64_t> ToVec(const c10::List<int64_t>& l) { return std::vector<int64_t>(l.begin(), l.end()); }
 
+// Offsets and sizes as int64 tensors skip per-element conversion (block
+// tables usually are tensors already); device tensors are copied to the host.
+std::vector<int64_t> ToVec(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", t.dim(), " dimensions");
+  auto c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + c.numel());
+}
+
 struct TransferStatusObj : torch::CustomClassHolder {
   StatusPtr s;
   TransferStatusObj() : s(std::make_shared<TransferStatus>()) {}
@@ -204,6 +214,18 @@ TORCH_LIBRARY(mori, m) {
            [](const SessionRef& self, const c10::List<int64_t>& lo, const c10::List<int64_t>& ro,
               const c10::List<int64_t>& sizes, int64_t uid) {
              return Wrap(self->s->BatchWrite(ToVec(lo), ToVec(ro), ToVec(sizes), static_cast<TransferUid>(uid)));
+           })
+      .def("batch_read_tensors",
+           [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes,
+              int64_t uid) {
+             return Wrap(self->s->BatchRead(ToVec(lo, "local_offsets"), ToVec(ro, "remote_offsets"),
+                                            ToVec(sizes, "sizes"), static_cast<TransferUid>(uid)));
+           })
+      .def("batch_write_tensors",
+           [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes,
+              int64_t uid) {
+             return Wrap(self->s->BatchWrite(ToVec(lo, "local_offsets"), ToVec(ro, "remote_offsets"),
+                                             ToVec(sizes, "sizes"), static_cast<TransferUid>(uid)));
            })
       .def("alive", [](const SessionRef& self) { return self->s->Alive(); })
       .def("backend_type", [](const SessionRef& self) { return static_cast<int64_t>(self->s->backend_type()); });

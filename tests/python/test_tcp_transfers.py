@@ -149,3 +149,17 @@ def test_empty_batch_succeeds(pair):
     wait_ok(sess.batch_write([], [], [], sess.allocate_transfer_uid()))
     assert pair.init.batch_write([], [], [], [], [], []) == []
     assert pair.init.wait_all([]) == StatusCode.SUCCESS
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_session_batch_with_int64_tensors(pair, op):
+    _prepare(pair, op)
+    lo, ro = _seg_layout(300, 512, pair.local.numel(), seed=5)
+    sess = pair.init.create_session(pair.local_desc, pair.remote_desc)
+    st = getattr(sess, f"batch_{op}")(torch.tensor(lo), torch.tensor(ro), torch.full((300,), 512), 77)
+    wait_ok(st)
+    _check(pair, op, lo, ro, 512)
+    with pytest.raises(TypeError, match="int64"):
+        sess.batch_write(torch.tensor(lo, dtype=torch.int32), torch.tensor(ro), torch.full((300,), 512), 78)
+    with pytest.raises(ValueError, match="1-D"):
+        sess.batch_write(torch.zeros(2, 2, dtype=torch.int64), torch.tensor(ro), torch.full((300,), 512), 79)
