@@ -1,0 +1,858 @@
+"""Point-to-point transfer benchmark for mori_torch, with MORI-IO's benchmark flags.
+
+Runs an initiator (this process) and a target (a spawned process) on one
+machine. The target creates an engine with the chosen backend, registers a
+buffer and hands its packed EngineDesc/MemoryDesc to the initiator through a
+multiprocessing Pipe; the initiator registers its own buffer and times
+transfers into (write) or out of (read) the target's buffer.
+
+Every case is measured against a baseline taken in the same run between the
+same two processes and the same buffers: a plain socket loopback moving the
+same bytes per iteration over the same number of TCP connections (one Python
+thread per connection; sendall/recv_into on memoryviews release the GIL),
+with the same request/response shape as the engine (write: data then a 1-byte
+acknowledgement; read: a 1-byte request then the data).
+
+    python -m mori_torch.benchmark --op-type write --buffer-size 64M \\
+        --transfer-batch-size 1 --enable-sess --iters 20
+
+Flags follow MORI-IO's tests/python/io/benchmark.py (--buffer-size,
+--transfer-batch-size, --enable-batch-transfer, --enable-sess, --all,
+--num-qp-per-transfer) plus later ones (--backend, --op-type, --all-batch,
+--mem-type, --iters, --warmup) and mori_torch's own (--num-data-conns,
+--shuffle, --json, --no-baseline, ...). Without --enable-batch-transfer an
+iteration issues --transfer-batch-size separate read/write calls and waits for
+all of them, as MORI-IO's benchmark does; with it, one batch call carries all
+segments.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import datetime
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Dict, List, Optional, Sequence, Tuple
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+SUPPORTED_BACKENDS = ("tcp",)
+ALL_BACKENDS = ("tcp", "rdma", "xgmi")
+# The engine's default TcpBackendConfig.striping_threshold_bytes: transfers of
+# at least this many bytes are striped across the data connections.
+STRIPING_THRESHOLD = 64 * KiB
+SOCK_BUF_BYTES = 32 * MiB
+PIPE_TIMEOUT_S = 600.0
+
+
+class BenchError(Exception):
+    """A failure reported to the user as one line, without a traceback."""
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'8', '16K', '64M', '1G', '64KiB', '4kb' -> bytes (K, M, G, T are binary)."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (use e.g. 4096, 16K, 64M, 1G)")
+    n = int(m.group(1)) * {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1 << 40}[m.group(2).lower()]
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return n
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return v
+
+
+def fmt_size(n: int) -> str:
+    """Compact binary size: 8, 512, 16K, 64M, 1.5M."""
+    for unit, div in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if n >= div:
+            v = n / div
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return str(n)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mori_torch.benchmark",
+        description="Benchmark mori_torch transfers between two processes on this machine, "
+        "each figure next to a socket-loopback baseline measured in the same run.",
+    )
+    g = p.add_argument_group("MORI-IO benchmark flags")
+    g.add_argument("--backend", choices=ALL_BACKENDS, default="tcp", help="transfer backend (default: tcp; only tcp is implemented)")
+    g.add_argument("--op-type", choices=("read", "write", "both"), default="read",
+                   help="read: remote -> local; write: local -> remote; both: read cases then write cases (default: read)")
+    g.add_argument("--buffer-size", type=parse_size, default=32 * KiB,
+                   help="bytes per segment; suffixes K, M, G allowed (default: 32K)")
+    g.add_argument("--transfer-batch-size", type=_positive_int, default=256,
+                   help="segments per iteration (default: 256)")
+    g.add_argument("--enable-batch-transfer", action="store_true",
+                   help="one batch_read/batch_write call per iteration instead of one call per segment")
+    g.add_argument("--enable-sess", action="store_true", help="use an IOEngineSession instead of engine-level calls")
+    g.add_argument("--all", action="store_true", help="sweep segment sizes from 8 B to 64 MiB (see --sweep-step)")
+    g.add_argument("--all-batch", action="store_true", help="sweep batch sizes 1, 2, 4, ..., 4096")
+    g.add_argument("--num-qp-per-transfer", type=_positive_int, default=1,
+                   help="RDMA queue pairs per transfer (accepted for compatibility; used by the rdma backend)")
+    g.add_argument("--mem-type", choices=("cpu", "gpu"), default="cpu", help="where the buffers live (default: cpu)")
+    g.add_argument("--iters", type=_positive_int, default=None,
+                   help="timed iterations per case (default: auto, 10..200, about 2 GB moved per case)")
+    g.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed iterations per case (default: 2)")
+
+    m = p.add_argument_group("mori_torch options")
+    m.add_argument("--num-data-conns", type=_positive_int, default=8,
+                   help="TcpBackendConfig.num_data_conns, also the baseline's connection limit (default: 8)")
+    m.add_argument("--shuffle", action="store_true",
+                   help="permute the remote offsets (no two segments adjacent) so segments cannot merge")
+    m.add_argument("--sweep-step", type=int, choices=(2, 4), default=2,
+                   help="ratio between consecutive sizes of --all (default: 2)")
+    m.add_argument("--rounds", type=_positive_int, default=1,
+                   help="split the timed iterations into this many alternating engine/baseline blocks, "
+                   "so that load changes on the machine hit both alike (default: 1)")
+    m.add_argument("--no-notification", action="store_true",
+                   help="TcpBackendConfig.enable_notification=False (default: notifications on, as in MORI-IO)")
+    m.add_argument("--no-baseline", action="store_true", help="skip the socket-loopback baseline")
+    m.add_argument("--baseline-conns", type=_positive_int, default=None,
+                   help="force the baseline's connection count (default: the engine's stripe count, "
+                   "min(num_data_conns, ceil(total / 64 KiB)), 1 below 64 KiB)")
+    m.add_argument("--max-buffer", type=parse_size, default=2 * GiB,
+                   help="largest buffer per process; bigger cases are skipped (default: 2G)")
+    m.add_argument("--host", default="127.0.0.1", help="address both engines bind (default: 127.0.0.1)")
+    m.add_argument("--json", metavar="PATH", default=None, help="write one JSON record per case to PATH")
+    m.add_argument("--json-append", action="store_true", help="append to the JSON list already in PATH")
+    m.add_argument("--seed", type=int, default=1234, help="seed of the data pattern and the shuffle")
+    m.add_argument("--quiet", action="store_true", help="print only the table")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.backend not in SUPPORTED_BACKENDS:
+        raise BenchError(
+            f"--backend {args.backend} is not supported yet: mori_torch implements only the tcp backend "
+            f"for now (supported: {', '.join(SUPPORTED_BACKENDS)})"
+        )
+    if args.mem_type == "gpu":
+        raise BenchError("--mem-type gpu is not supported yet: the tcp backend moves host (cpu) memory only")
+    if args.json_append and not args.json:
+        raise BenchError("--json-append needs --json PATH")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    seg: int
+    n: int
+
+    @property
+    def total(self) -> int:
+        return self.seg * self.n
+
+
+def make_cases(args) -> Tuple[List[Case], List[Case]]:
+    """(cases to run, cases skipped for --max-buffer)."""
+    if args.all:
+        sizes, s = [], 8
+        while s <= 64 * MiB:
+            sizes.append(s)
+            s *= args.sweep_step
+        if sizes[-1] != 64 * MiB:
+            sizes.append(64 * MiB)
+    else:
+        sizes = [args.buffer_size]
+    batches = [1 << i for i in range(13)] if args.all_batch else [args.transfer_batch_size]
+    ops = ["read", "write"] if args.op_type == "both" else [args.op_type]
+    run, skipped = [], []
+    for op in ops:
+        for n in batches:
+            for seg in sizes:
+                c = Case(op, seg, n)
+                (run if c.total <= args.max_buffer else skipped).append(c)
+    return run, skipped
+
+
+def auto_iters(total: int) -> int:
+    return int(min(200, max(10, 2e9 // max(total, 1))))
+
+
+def machine_info() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{socket.gethostname()}, {model}, {os.cpu_count()} cores"
+
+
+def engine_stripes(total: int, nconns: int) -> int:
+    """How many connections the TCP backend stripes one transfer of `total` bytes over."""
+    if total >= STRIPING_THRESHOLD and nconns > 1:
+        return int(min(nconns, -(-total // STRIPING_THRESHOLD)))
+    return 1
+
+
+def make_offsets(case: Case, shuffle: bool, seed: int) -> Tuple[List[int], List[int]]:
+    """Local offsets are contiguous; remote ones optionally permuted so no two
+    consecutive segments are adjacent on the remote side (nothing can merge)."""
+    idx = list(range(case.n))
+    if shuffle and case.n > 1:
+        rng = random.Random(seed)
+        rng.shuffle(idx)
+        for _ in range(100):  # break up the few accidental i, i+1 neighbours
+            bad = [i for i in range(case.n - 1) if idx[i + 1] == idx[i] + 1]
+            if not bad:
+                break
+            for i in bad:
+                j = rng.randrange(case.n)
+                idx[i + 1], idx[j] = idx[j], idx[i + 1]
+        if case.n == 2 and idx == [0, 1]:
+            idx = [1, 0]
+    local = [i * case.seg for i in range(case.n)]
+    remote = [i * case.seg for i in idx]
+    return local, remote
+
+
+def tensor_view(t) -> memoryview:
+    """A writable byte memoryview over a contiguous uint8 CPU tensor."""
+    n = t.numel()
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+def digest(mv: memoryview, offsets: Sequence[int], seg: int) -> str:
+    """Hash of the segments at `offsets`, in order (contiguous runs hashed at once)."""
+    h = hashlib.blake2b(digest_size=16)
+    i, n = 0, len(offsets)
+    while i < n:
+        j = i + 1
+        while j < n and offsets[j] == offsets[j - 1] + seg:
+            j += 1
+        h.update(mv[offsets[i] : offsets[j - 1] + seg])
+        i = j
+    return h.hexdigest()
+
+
+def fill(t, kind: str, seed: int, nbytes: int) -> None:
+    import torch
+
+    v = t[:nbytes]
+    if kind == "zero":
+        v.zero_()
+    else:
+        g = torch.Generator().manual_seed(seed)
+        v.random_(0, 256, generator=g)
+
+
+def percentile(sorted_vals: Sequence[float], q: float) -> float:
+    """Nearest-rank-with-interpolation percentile of sorted values."""
+    if not sorted_vals:
+        return float("nan")
+    k = (len(sorted_vals) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def summarize(total: int, lat_ns: Sequence[int]) -> Dict[str, float]:
+    s = sorted(lat_ns)
+    mean = sum(s) / len(s)
+    return {
+        "gbps": total / mean,  # bytes per ns == GB/s (1e9 B/s)
+        "mean_us": mean / 1e3,
+        "p50_us": percentile(s, 50) / 1e3,
+        "p99_us": percentile(s, 99) / 1e3,
+        "min_us": s[0] / 1e3,
+    }
+
+
+# --------------------------------------------------------------------------
+# Socket baseline (both sides)
+# --------------------------------------------------------------------------
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF_BYTES)
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    while len(view):
+        k = sock.recv_into(view)
+        if k == 0:
+            raise ConnectionError("baseline peer closed the connection")
+        view = view[k:]
+
+
+def split_parts(total: int, nparts: int) -> List[Tuple[int, int]]:
+    """(offset, length) of `nparts` contiguous chunks covering [0, total)."""
+    per = -(-total // nparts)
+    parts, off = [], 0
+    while off < total:
+        ln = min(per, total - off)
+        parts.append((off, ln))
+        off += ln
+    return parts
+
+
+def _baseline_serve(sock, mv, op, off, ln, iters, errors):
+    """Target side of one baseline connection for `iters` iterations."""
+    try:
+        ack = b"\x01"
+        one = bytearray(1)
+        chunk = mv[off : off + ln]
+        for _ in range(iters):
+            if op == "write":
+                _recv_exact(sock, chunk)
+                sock.sendall(ack)
+            else:
+                _recv_exact(sock, memoryview(one))
+                sock.sendall(chunk)
+    except Exception as e:  # reported to the initiator
+        errors.append(f"{type(e).__name__}: {e}")
+
+
+def run_baseline_initiator(socks, mv, op, parts, iters) -> List[int]:
+    """Initiator side: times `iters` iterations; helper threads drive parts 1..n-1."""
+    n = len(parts)
+    ack = bytearray(1)
+    req = b"\x01"
+
+    def do(i: int) -> None:
+        off, ln = parts[i]
+        s = socks[i]
+        if op == "write":
+            s.sendall(mv[off : off + ln])
+            _recv_exact(s, memoryview(ack))
+        else:
+            s.sendall(req)
+            _recv_exact(s, mv[off : off + ln])
+
+    lat: List[int] = []
+    if n == 1:
+        for _ in range(iters):
+            t0 = time.perf_counter_ns()
+            do(0)
+            lat.append(time.perf_counter_ns() - t0)
+        return lat
+
+    # Helper i waits on go[i] and releases done[i]: plain locks, acquired and
+    # released in C with the GIL dropped, so the per-iteration hand-off costs
+    # two futex wake-ups per helper and no Python-level condition variables.
+    go = [threading.Lock() for _ in range(n)]
+    done = [threading.Lock() for _ in range(n)]
+    for lk in go + done:
+        lk.acquire()
+    errors: List[str] = []
+    stop = [False]
+
+    def helper(i: int) -> None:
+        while True:
+            go[i].acquire()
+            if stop[0]:
+                return
+            try:
+                do(i)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                stop[0] = True
+            done[i].release()  # also after an error: the main thread never waits forever
+            if stop[0]:
+                return
+
+    threads = [threading.Thread(target=helper, args=(i,), daemon=True) for i in range(1, n)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(iters):
+            t0 = time.perf_counter_ns()
+            for i in range(1, n):
+                go[i].release()
+            do(0)
+            for i in range(1, n):
+                done[i].acquire()
+            lat.append(time.perf_counter_ns() - t0)
+            if errors:
+                break
+    finally:
+        stop[0] = True
+        for i in range(1, n):
+            if go[i].locked():
+                go[i].release()
+        for t in threads:
+            t.join(5)
+    if errors:
+        raise BenchError("baseline failed: " + errors[0])
+    return lat
+
+
+# --------------------------------------------------------------------------
+# Target process
+# --------------------------------------------------------------------------
+
+
+def _target_main(conn, cfg: dict) -> None:
+    """Entry point of the spawned target process: serves commands from the Pipe."""
+    engine = None
+    lsock = None
+    socks: List[socket.socket] = []
+    try:
+        import torch
+
+        from mori_torch import io
+
+        if cfg.get("quiet_log"):
+            io.set_log_level("error")
+        engine = io.IOEngine(f"bench-target-{os.getpid()}", io.IOEngineConfig(cfg["host"], 0))
+        engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(**cfg["tcp"]))
+        buf = torch.empty(cfg["buffer_bytes"], dtype=torch.uint8)
+        mem = engine.register_torch_tensor(buf)
+        mv = tensor_view(buf)
+        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _tune(lsock)  # accepted sockets inherit the buffer sizes
+        lsock.bind((cfg["host"], 0))
+        lsock.listen(64)
+        conn.send(("ready", engine.get_engine_desc().pack(), mem.pack(), lsock.getsockname()[1]))
+
+        serve_threads: List[threading.Thread] = []
+        serve_errors: List[str] = []
+        while True:
+            cmd, *a = conn.recv()
+            if cmd == "stop":
+                conn.send(("ok",))
+                break
+            elif cmd == "register_remote":
+                engine.register_remote_engine(io.EngineDesc.unpack(a[0]))
+                conn.send(("ok",))
+            elif cmd == "accept":
+                for _ in range(a[0]):
+                    s, _addr = lsock.accept()
+                    _tune(s)
+                    socks.append(s)
+                conn.send(("ok",))
+            elif cmd == "fill":
+                kind, seed, nbytes = a
+                fill(buf, kind, seed, nbytes)
+                conn.send(("ok",))
+            elif cmd == "digest":
+                offsets, seg = a
+                conn.send(("ok", digest(mv, offsets, seg)))
+            elif cmd == "pop_notices":
+                key, uids, timeout_s = a
+                deadline = time.monotonic() + timeout_s
+                pending = list(uids)
+                while pending and time.monotonic() < deadline:
+                    pending = [u for u in pending if engine.pop_inbound_transfer_status(key, u) is None]
+                    if pending:
+                        time.sleep(0.001)
+                conn.send(("ok", len(uids) - len(pending)))
+            elif cmd == "baseline_start":
+                op, parts, iters = a
+                serve_errors = []
+                serve_threads = [
+                    threading.Thread(target=_baseline_serve, args=(socks[i], mv, op, off, ln, iters, serve_errors), daemon=True)
+                    for i, (off, ln) in enumerate(parts)
+                ]
+                for t in serve_threads:
+                    t.start()
+                conn.send(("ok",))
+            elif cmd == "baseline_join":
+                for t in serve_threads:
+                    t.join(PIPE_TIMEOUT_S)
+                conn.send(("ok", serve_errors[:1]))
+            else:
+                conn.send(("error", f"unknown command {cmd!r}"))
+    except EOFError:
+        pass  # the initiator went away
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except Exception:
+            pass
+    finally:
+        for s in socks:
+            s.close()
+        if lsock is not None:
+            lsock.close()
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:
+                pass
+
+
+class Target:
+    """The initiator's handle on the target process."""
+
+    def __init__(self, cfg: dict):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_target_main, args=(child, cfg), name="mori-bench-target", daemon=True)
+        self.proc.start()
+        child.close()
+
+    def recv(self, timeout: float = PIPE_TIMEOUT_S):
+        if not self.conn.poll(timeout):
+            raise BenchError(f"target process did not answer within {timeout:.0f} s")
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            raise BenchError(f"target process exited unexpectedly (exit code {self.proc.exitcode})") from None
+        if msg[0] == "error":
+            raise BenchError("target process failed:\n" + msg[1])
+        return msg
+
+    def call(self, *cmd, timeout: float = PIPE_TIMEOUT_S):
+        self.conn.send(cmd)
+        return self.recv(timeout)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.call("stop", timeout=30)
+            except Exception:
+                pass
+            self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+
+
+# --------------------------------------------------------------------------
+# Initiator
+# --------------------------------------------------------------------------
+
+
+class Initiator:
+    def __init__(self, args, buffer_bytes: int):
+        import torch
+
+        from mori_torch import io
+
+        self.io = io
+        self.args = args
+        tcp = dict(num_data_conns=args.num_data_conns, enable_notification=not args.no_notification)
+        self.target = Target(dict(host=args.host, tcp=tcp, buffer_bytes=buffer_bytes, quiet_log=False))
+        self.engine = None
+        self.socks: List[socket.socket] = []
+        try:
+            _, eng_desc, mem_desc, bport = self.target.recv(120)
+            self.engine = io.IOEngine(f"bench-initiator-{os.getpid()}", io.IOEngineConfig(args.host, 0))
+            self.engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(**tcp))
+            self.buf = torch.empty(buffer_bytes, dtype=torch.uint8)
+            self.mem = self.engine.register_torch_tensor(self.buf)
+            self.mv = tensor_view(self.buf)
+            self.remote_engine = io.EngineDesc.unpack(eng_desc)
+            self.remote_mem = io.MemoryDesc.unpack(mem_desc)
+            self.engine.register_remote_engine(self.remote_engine)
+            self.target.call("register_remote", self.engine.get_engine_desc().pack())
+            self.sess = self.engine.create_session(self.mem, self.remote_mem)
+            if self.sess is None:
+                raise BenchError("create_session returned None: no backend can serve this memory pair")
+            if not args.no_baseline:
+                nb = args.baseline_conns or args.num_data_conns
+                self.target.conn.send(("accept", nb))
+                for _ in range(nb):
+                    s = socket.create_connection((args.host, bport))
+                    _tune(s)
+                    self.socks.append(s)
+                self.target.recv()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+        self.socks = []
+        if self.engine is not None:
+            try:
+                self.engine.shutdown()
+            except Exception:
+                pass
+            self.engine = None
+        self.target.close()
+
+    # -- engine transfers -------------------------------------------------
+
+    def _submit(self, case: Case, loffs, roffs, sizes):
+        a = self.args
+        write = case.op == "write"
+        if a.enable_batch_transfer:
+            if a.enable_sess:
+                fn = self.sess.batch_write if write else self.sess.batch_read
+                uid = self.sess.allocate_transfer_uid()
+                return [fn(loffs, roffs, sizes, uid)], [uid]
+            fn = self.engine.batch_write if write else self.engine.batch_read
+            uid = self.engine.allocate_transfer_uid()
+            return fn([self.mem], [loffs], [self.remote_mem], [roffs], [sizes], [uid]), [uid]
+        sts, uids = [], []
+        seg = case.seg
+        if a.enable_sess:
+            fn = self.sess.write if write else self.sess.read
+            alloc = self.sess.allocate_transfer_uid
+            for lo, ro in zip(loffs, roffs):
+                uid = alloc()
+                uids.append(uid)
+                sts.append(fn(lo, ro, seg, uid))
+        else:
+            fn = self.engine.write if write else self.engine.read
+            alloc = self.engine.allocate_transfer_uid
+            mem, rmem = self.mem, self.remote_mem
+            for lo, ro in zip(loffs, roffs):
+                uid = alloc()
+                uids.append(uid)
+                sts.append(fn(mem, lo, rmem, ro, seg, uid))
+        return sts, uids
+
+    @staticmethod
+    def _check(sts) -> None:
+        for s in sts:
+            if not s.Succeeded():
+                raise BenchError(f"transfer failed: {s.Code().name}: {s.Message()}")
+
+    def verify_and_warm(self, case: Case, loffs, roffs, warmup: int) -> bool:
+        sizes = [case.seg] * case.n
+        # Verification: pattern in the source, zeros in the destination, one
+        # transfer, then both sides hash the segments in order.
+        seed = self.args.seed + case.seg * 7919 + case.n
+        src_local = case.op == "write"
+        fill(self.buf, "random" if src_local else "zero", seed, case.total)
+        span = max(roffs) + case.seg
+        self.target.call("fill", "zero" if src_local else "random", seed + 1, span)
+        sts, uids = self._submit(case, loffs, roffs, sizes)
+        for s in sts:
+            s.Wait()
+        self._check(sts)
+        mine = digest(self.mv, loffs, case.seg)
+        _, theirs = self.target.call("digest", roffs, case.seg)
+        if mine != theirs:
+            raise BenchError(
+                f"data check failed for {case.op} {case.n} x {case.seg} B: destination bytes differ from the source"
+            )
+        if not self.args.no_notification:
+            # The target records a write's notice right after answering it and
+            # a read's when the initiator's notice message arrives: both may
+            # trail Wait() a little, hence the target polls for them.
+            _, popped = self.target.call("pop_notices", self.engine.key, uids, 10.0)
+            if popped != len(uids):
+                raise BenchError(f"target saw {popped} of {len(uids)} completion notices for {case.op} {case.n} x {case.seg} B")
+
+        self.engine_iters(case, loffs, roffs, warmup)
+        return True
+
+    def engine_iters(self, case: Case, loffs, roffs, iters: int) -> List[int]:
+        """Times `iters` transfers: submit to the return of the last Wait()."""
+        sizes = [case.seg] * case.n
+        lat: List[int] = []
+        pc = time.perf_counter_ns
+        submit = self._submit
+        for _ in range(iters):
+            t0 = pc()
+            sts, _ = submit(case, loffs, roffs, sizes)
+            for s in sts:
+                s.Wait()
+            t1 = pc()
+            self._check(sts)
+            lat.append(t1 - t0)
+        return lat
+
+    # -- baseline ---------------------------------------------------------
+
+    def baseline_parts(self, case: Case) -> List[Tuple[int, int]]:
+        nconns = self.args.baseline_conns or engine_stripes(case.total, self.args.num_data_conns)
+        return split_parts(case.total, min(nconns, len(self.socks)))
+
+    def baseline_iters(self, case: Case, iters: int, warmup: int) -> List[int]:
+        """Times `warmup + iters` baseline iterations and returns the last `iters`."""
+        parts = self.baseline_parts(case)
+        self.target.call("baseline_start", case.op, parts, iters + warmup)
+        try:
+            lat = run_baseline_initiator(self.socks, self.mv, case.op, parts, iters + warmup)
+        finally:
+            _, errs = self.target.call("baseline_join")
+        if errs:
+            raise BenchError("baseline target failed: " + errs[0])
+        return lat[warmup:]
+
+
+def print_table(rows: List[dict], file=sys.stdout) -> None:
+    cols = [
+        ("op", lambda r: r["op"]),
+        ("mem", lambda r: r["mem"]),
+        ("seg bytes", lambda r: fmt_size(r["segment_bytes"])),
+        ("segments", lambda r: str(r["segments"])),
+        ("total", lambda r: fmt_size(r["total_bytes"])),
+        ("GB/s", lambda r: f"{r['gbps']:.3f}"),
+        ("p50 us", lambda r: f"{r['p50_us']:.1f}"),
+        ("p99 us", lambda r: f"{r['p99_us']:.1f}"),
+        ("baseline GB/s", lambda r: "-" if r["baseline_gbps"] is None else f"{r['baseline_gbps']:.3f}"),
+        ("ratio", lambda r: "-" if r["ratio"] is None else f"{r['ratio']:.2f}"),
+    ]
+    cells = [[f(r) for _, f in cols] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _) in enumerate(cols)]
+    line = "  ".join(h.rjust(w) for (h, _), w in zip(cols, widths))
+    print(line, file=file)
+    print("-" * len(line), file=file)
+    for c in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(c, widths)), file=file)
+    file.flush()
+
+
+def run(args, argv: Sequence[str]) -> List[dict]:
+    cases, skipped = make_cases(args)
+    if not cases:
+        raise BenchError(f"every case needs more than --max-buffer={fmt_size(args.max_buffer)} per process")
+    buffer_bytes = max(c.total for c in cases)
+    machine = machine_info()
+    mode = "batch" if args.enable_batch_transfer else "single"
+    api = "session" if args.enable_sess else "engine"
+    log = (lambda *a, **k: None) if args.quiet else (lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True))
+    log(
+        f"mori_torch benchmark: backend={args.backend} mem={args.mem_type} api={api} mode={mode} "
+        f"num_data_conns={args.num_data_conns} shuffle={args.shuffle} notifications={not args.no_notification}"
+    )
+    log(f"machine: {machine}; buffer {fmt_size(buffer_bytes)} per process; {len(cases)} case(s)")
+    for c in skipped:
+        log(f"skipped {c.op} {c.n} x {fmt_size(c.seg)}: needs {fmt_size(c.total)} > --max-buffer {fmt_size(args.max_buffer)}")
+
+    records: List[dict] = []
+    init = Initiator(args, buffer_bytes)
+    try:
+        for case in cases:
+            iters = args.iters or auto_iters(case.total)
+            loffs, roffs = make_offsets(case, args.shuffle, args.seed + case.n)
+            verified = init.verify_and_warm(case, loffs, roffs, args.warmup)
+            # Engine and baseline alternate in --rounds blocks so that drift
+            # (other load on the machine) hits both alike.
+            rounds = max(1, min(args.rounds, iters))
+            lat: List[int] = []
+            blat: List[int] = []
+            for r in range(rounds):
+                k = iters // rounds + (1 if r < iters % rounds else 0)
+                lat += init.engine_iters(case, loffs, roffs, k)
+                if not args.no_baseline:
+                    blat += init.baseline_iters(case, k, args.warmup if r == 0 else 1)
+            eng = summarize(case.total, lat)
+            rec = dict(
+                backend=args.backend,
+                op=case.op,
+                mem=args.mem_type,
+                segment_bytes=case.seg,
+                segments=case.n,
+                total_bytes=case.total,
+                gbps=eng["gbps"],
+                p50_us=eng["p50_us"],
+                p99_us=eng["p99_us"],
+                mean_us=eng["mean_us"],
+                min_us=eng["min_us"],
+                baseline=None,
+                baseline_gbps=None,
+                ratio=None,
+                iters=iters,
+                warmup=args.warmup,
+                rounds=rounds,
+                num_data_conns=args.num_data_conns,
+                sess=bool(args.enable_sess),
+                batch=bool(args.enable_batch_transfer),
+                shuffle=bool(args.shuffle),
+                notifications=not args.no_notification,
+                engine_stripes=engine_stripes(case.total, args.num_data_conns) if args.enable_batch_transfer or case.n == 1 else None,
+                verified=verified,
+                machine=machine,
+                command=list(argv),
+                timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            )
+            if not args.no_baseline:
+                base = summarize(case.total, blat)
+                rec["baseline"] = dict(
+                    kind="socket_loopback",
+                    conns=len(init.baseline_parts(case)),
+                    p50_us=base["p50_us"],
+                    p99_us=base["p99_us"],
+                    mean_us=base["mean_us"],
+                )
+                rec["baseline_gbps"] = base["gbps"]
+                rec["ratio"] = eng["gbps"] / base["gbps"]
+            records.append(rec)
+            log(
+                f"  {case.op} {case.n} x {fmt_size(case.seg)}: {rec['gbps']:.3f} GB/s"
+                + ("" if rec["ratio"] is None else f", baseline {rec['baseline_gbps']:.3f} GB/s, ratio {rec['ratio']:.2f}")
+            )
+    finally:
+        init.close()
+    return records
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = "mori_torch.benchmark"
+    try:
+        check_args(args)
+        records = run(args, [prog] + argv)
+    except BenchError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2 if "not supported yet" in str(e) else 1
+    except RuntimeError as e:  # raised by the engine (e.g. create_backend, register_*)
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    print_table(records)
+    if args.json:
+        out = records
+        if args.json_append and os.path.exists(args.json):
+            with open(args.json) as f:
+                out = json.load(f) + records
+        d = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(d, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
