@@ -12,40 +12,20 @@ bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, con
 }
 
 std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
-  {
-    std::shared_lock<std::shared_mutex> lk(peers_mu_);
-    auto it = peers_.find(remote.key);
-    if (it != peers_.end()) return it->second;
-  }
-  std::unique_lock<std::shared_mutex> lk(peers_mu_);
-  auto& p = peers_[remote.key];
-  if (!p) {
-    p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_);
+  return peers_.GetOrCreate(remote.key, [&] {
+    auto p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_);
     if (shut_.load()) p->Close("TCP backend was removed");
-  }
-  return p;
+    return p;
+  });
 }
 
 void TcpBackend::RemovePeer(const std::string& key) {
-  std::shared_ptr<TcpPeer> p;
-  {
-    std::unique_lock<std::shared_mutex> lk(peers_mu_);
-    auto it = peers_.find(key);
-    if (it == peers_.end()) return;
-    p = std::move(it->second);
-    peers_.erase(it);
-  }
-  p->Close("remote engine '" + key + "' was deregistered");
+  if (auto p = peers_.Take(key)) p->Close("remote engine '" + key + "' was deregistered");
 }
 
 void TcpBackend::Shutdown() {
   if (shut_.exchange(true)) return;
-  std::unordered_map<std::string, std::shared_ptr<TcpPeer>> peers;
-  {
-    std::unique_lock<std::shared_mutex> lk(peers_mu_);
-    peers.swap(peers_);
-  }
-  for (auto& kv : peers) kv.second->Close("TCP backend was removed or its engine shut down");
+  for (auto& p : peers_.TakeAll()) p->Close("TCP backend was removed or its engine shut down");
   std::lock_guard<std::mutex> lk(inbound_mu_);
   for (int fd : inbound_fds_) ::shutdown(fd, SHUT_RDWR);
 }

@@ -16,6 +16,7 @@
 #include "backends/tcp/tcp_config.h"
 #include "backends/tcp/tcp_data_conn.h"
 #include "core/backend.h"
+#include "core/peer_cache.h"
 
 namespace mori_torch {
 namespace tcp {
@@ -62,8 +63,7 @@ class TcpBackend : public Backend {
   const TcpConfig cfg_;
   const BackendContext ctx_;
   std::atomic<bool> shut_{false};
-  std::shared_mutex peers_mu_;
-  std::unordered_map<std::string, std::shared_ptr<TcpPeer>> peers_;
+  PeerCache<TcpPeer> peers_;
   std::mutex inbound_mu_;
   std::set<int> inbound_fds_;
 };

@@ -63,30 +63,15 @@ bool XgmiBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, co
 }
 
 std::shared_ptr<BackendPeer> XgmiBackend::Peer(const EngineDesc& remote) {
-  {
-    std::shared_lock<std::shared_mutex> lk(peers_mu_);
-    auto it = peers_.find(remote.key);
-    if (it != peers_.end()) return it->second;
-  }
-  std::unique_lock<std::shared_mutex> lk(peers_mu_);
-  auto& p = peers_[remote.key];
-  if (!p) {
-    p = std::make_shared<XgmiPeer>(this, remote);
+  return peers_.GetOrCreate(remote.key, [&] {
+    auto p = std::make_shared<XgmiPeer>(this, remote);
     if (shut_.load()) p->Close();
-  }
-  return p;
+    return p;
+  });
 }
 
 void XgmiBackend::RemovePeer(const std::string& key) {
-  std::shared_ptr<XgmiPeer> p;
-  {
-    std::unique_lock<std::shared_mutex> lk(peers_mu_);
-    auto it = peers_.find(key);
-    if (it == peers_.end()) return;
-    p = std::move(it->second);
-    peers_.erase(it);
-  }
-  p->Close();
+  if (auto p = peers_.Take(key)) p->Close();
 }
 
 DeviceContext& XgmiBackend::Device(int device) {
@@ -258,11 +243,7 @@ void XgmiBackend::Shutdown() {
     p->use.reset();
   }
   pending_.clear();
-  {
-    std::unique_lock<std::shared_mutex> pk(peers_mu_);
-    for (auto& kv : peers_) kv.second->Close();
-    peers_.clear();
-  }
+  for (auto& p : peers_.TakeAll()) p->Close();
   for (auto& kv : devices_) {
     for (auto& lane : kv.second->lanes) {
       gpu::PinnedFree(lane->host_list, lane->capacity * sizeof(gpu::CopySegment));

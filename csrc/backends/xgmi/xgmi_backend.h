@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/peer_cache.h"
 #include "gpu/gpu_runtime.h"
 
 namespace mori_torch {
@@ -116,8 +117,7 @@ class XgmiBackend : public Backend {
   std::deque<std::shared_ptr<PendingCopy>> pending_;
   std::thread completion_thread_;
 
-  std::shared_mutex peers_mu_;
-  std::unordered_map<std::string, std::shared_ptr<XgmiPeer>> peers_;
+  PeerCache<XgmiPeer> peers_;
 };
 
 }  // namespace xgmi
