@@ -47,6 +47,11 @@ with_cuda = not force_cpu and torch.version.cuda is not None and CUDA_HOME is no
 with_hip = not force_cpu and torch.version.hip is not None and ROCM_HOME is not None
 gpu = with_cuda or with_hip
 
+if with_cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+    # No GPU to detect the architecture from (CI, build hosts): build one,
+    # Hopper (H100/H200); set TORCH_CUDA_ARCH_LIST to choose others.
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+
 cpp_sources = sources(
     "csrc/core/*.cpp", "csrc/gpu/*.cpp", "csrc/backends/*.cpp", "csrc/backends/*/*.cpp", "csrc/torch/*.cpp"
 )
