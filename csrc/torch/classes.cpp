@@ -47,11 +47,21 @@ std::vector<uint8_t> TensorToBytes(const at::Tensor& t, const char* what) {
 
 std::vector<int64_t> ToVec(const c10::List<int64_t>& l) { return std::vector<int64_t>(l.begin(), l.end()); }
 
+// "[a, b, c]" without iostreams: formatting numbers through ostream crashed
+// inside the GPU machine's Python process (see core/logging.h), so error
+// messages here pass only strings to TORCH_CHECK.
+std::string Str(c10::IntArrayRef v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 // Offsets and sizes as int64 tensors skip per-element conversion (block
 // tables usually are tensors already); device tensors are copied to the host.
 std::vector<int64_t> ToVec(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", t.dim(), " dimensions");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ",
+                   c10::toString(t.scalar_type()));
+  TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", std::to_string(t.dim()), " dimensions");
   auto c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
   const int64_t* p = c.data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + c.numel());
@@ -118,8 +128,8 @@ struct EngineObj : torch::CustomClassHolder {
 
   MemoryDescRef RegisterTensor(const at::Tensor& t) {
     TORCH_CHECK(t.defined(), "register_torch_tensor: tensor is undefined");
-    TORCH_CHECK(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", t.sizes(),
-                ", strides ", t.strides(), "); call .contiguous() first");
+    TORCH_CHECK(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", Str(t.sizes()),
+                ", strides ", Str(t.strides()), "); call .contiguous() first");
     TORCH_CHECK_VALUE(t.nbytes() > 0, "register_torch_tensor: tensor has no bytes");
     const auto ptr = reinterpret_cast<uint64_t>(t.data_ptr());
     const auto size = static_cast<int64_t>(t.nbytes());
