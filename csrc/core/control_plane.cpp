@@ -27,6 +27,8 @@ Error DecodeErrorPayload(const Frame& f, const std::string& where) {
   return Error(code, where + ": " + msg);
 }
 
+}  // namespace
+
 std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self) {
   ByteWriter w;
   w.Put<uint8_t>(static_cast<uint8_t>(kind));
@@ -36,8 +38,6 @@ std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const Eng
   w.PutBytes(desc.data(), desc.size());
   return std::move(w.bytes());
 }
-
-}  // namespace
 
 ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts)
     : delegate_(delegate), opts_(opts) {}

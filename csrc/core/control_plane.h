@@ -90,5 +90,7 @@ class ControlClient {
 };
 
 std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg);
+// Payload of the Hello frame that opens every connection.
+std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self);
 
 }  // namespace mori_torch

@@ -84,13 +84,7 @@ bool WaitClosed(int fd, int ms, std::vector<uint8_t>* got = nullptr) {
 }
 
 std::vector<uint8_t> HelloPayload(ConnectionKind kind, uint8_t backend, const EngineDesc& self) {
-  ByteWriter w;
-  w.Put<uint8_t>(static_cast<uint8_t>(kind));
-  w.Put<uint8_t>(backend);
-  auto desc = self.Pack();
-  w.Put<uint32_t>(static_cast<uint32_t>(desc.size()));
-  w.PutBytes(desc.data(), desc.size());
-  return std::move(w.bytes());
+  return EncodeHello(kind, backend, self);
 }
 
 std::vector<uint8_t> RawHeader(uint32_t magic, uint16_t version, uint16_t type, uint32_t length) {
