@@ -42,24 +42,28 @@ def main(argv=None) -> int:
         print("no records", file=sys.stderr)
         return 1
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, (ax, rax) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
     for (op, nseg, api, shuffle), rs in sorted(series.items()):
         rs.sort(key=lambda r: r["segment_bytes"])
         x = [r["segment_bytes"] for r in rs]
         label = f"{op}, {nseg} seg/transfer, {api}" + (", shuffled" if shuffle else "")
-        (line,) = ax.plot(x, [r["gbps"] for r in rs], "o-", label=f"mori_torch {label}")
-        base = [(r["segment_bytes"], r["baseline_gbps"]) for r in rs if r.get("baseline_gbps")]
+        (line,) = ax.plot(x, [r["gbps"] for r in rs], "o-", label=f"mori_torch ({label})")
+        base = [r for r in rs if r.get("baseline_gbps")]
         if base:
-            ax.plot([b[0] for b in base], [b[1] for b in base], "s--", color=line.get_color(), alpha=0.6,
-                    label=f"socket baseline ({label})")
+            ax.plot([r["segment_bytes"] for r in base], [r["baseline_gbps"] for r in base], "s--",
+                    color=line.get_color(), alpha=0.6, label="socket loopback baseline, same bytes")
+            rax.plot([r["segment_bytes"] for r in base], [r["ratio"] for r in base], "o-", color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ticks = sorted({r["segment_bytes"] for r in records})
     if len(ticks) > 12:
         ticks = ticks[:: max(1, len(ticks) // 12)]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([_size_label(t) for t in ticks])
-    ax.set_xlabel("segment size (bytes)")
+    rax.set_xticks(ticks)
+    rax.set_xticklabels([_size_label(t) for t in ticks])
+    rax.set_xlabel("segment size (bytes)")
+    rax.set_ylabel("engine / baseline")
+    rax.axhline(1.0, color="gray", lw=0.8)
+    rax.grid(True, which="both", alpha=0.3)
     ax.set_ylabel("GB/s (1e9 B/s, total bytes / mean transfer time)")
     r0 = records[0]
     title = args.title or (
