@@ -12,7 +12,7 @@
 namespace mori_torch {
 
 constexpr uint32_t kFrameMagic = 0x49524f4d;  // "MORI" little-endian
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;  // 2: TCP data messages padded to 64 bytes
 constexpr uint32_t kMaxFramePayload = 1u << 20;
 constexpr size_t kFrameHeaderBytes = 12;
 

@@ -34,7 +34,7 @@ bool HeaderValid(const std::vector<uint8_t>& b) {
            static_cast<uint32_t>(b[at + 2]) << 16 | static_cast<uint32_t>(b[at + 3]) << 24;
   };
   auto u16 = [&](size_t at) { return static_cast<uint16_t>(b[at] | b[at + 1] << 8); };
-  return u32(0) == 0x49524f4d && u16(4) == 1 && u16(6) >= 1 && u16(6) <= 7 && u32(8) <= (1u << 20);
+  return u32(0) == 0x49524f4d && u16(4) == kProtocolVersion && u16(6) >= 1 && u16(6) <= 7 && u32(8) <= (1u << 20);
 }
 
 TEST(FrameHeaderTest, AcceptsEveryKnownType) {
@@ -69,14 +69,14 @@ TEST(FrameHeaderTest, RejectsBadFields) {
       {Header(0x4d4f5249, 1, 1, 0), "bad frame magic 0x4d4f5249"},  // byte-swapped magic
       {Header(0, 1, 1, 0), "bad frame magic"},
       {Header(kFrameMagic, 0, 1, 0), "unsupported protocol version 0"},
-      {Header(kFrameMagic, 2, 1, 0), "unsupported protocol version 2"},
+      {Header(kFrameMagic, 1, 1, 0), "unsupported protocol version 1"},  // release 1 (unpadded TCP wire)
       {Header(kFrameMagic, 0xffff, 1, 0), "unsupported protocol version 65535"},
-      {Header(kFrameMagic, 1, 0, 0), "unknown frame type 0"},
-      {Header(kFrameMagic, 1, 8, 0), "unknown frame type 8"},
-      {Header(kFrameMagic, 1, 0xffff, 0), "unknown frame type 65535"},
-      {Header(kFrameMagic, 1, 1, kMaxFramePayload + 1), "exceeds the limit"},
-      {Header(kFrameMagic, 1, 4, 0x80000000u), "2147483648 bytes exceeds"},
-      {Header(kFrameMagic, 1, 4, 0xffffffffu), "exceeds the limit"},
+      {Header(kFrameMagic, kProtocolVersion, 0, 0), "unknown frame type 0"},
+      {Header(kFrameMagic, kProtocolVersion, 8, 0), "unknown frame type 8"},
+      {Header(kFrameMagic, kProtocolVersion, 0xffff, 0), "unknown frame type 65535"},
+      {Header(kFrameMagic, kProtocolVersion, 1, kMaxFramePayload + 1), "exceeds the limit"},
+      {Header(kFrameMagic, kProtocolVersion, 4, 0x80000000u), "2147483648 bytes exceeds"},
+      {Header(kFrameMagic, kProtocolVersion, 4, 0xffffffffu), "exceeds the limit"},
   };
   for (const auto& c : cases) {
     FrameHeader h;
@@ -271,7 +271,7 @@ TEST_F(SocketPair, FrameRoundTrip) {
 }
 
 TEST_F(SocketPair, InvalidHeaderFailsWithTheReason) {
-  Send(Header(kFrameMagic, 1, 1, 0x80000000u));
+  Send(Header(kFrameMagic, kProtocolVersion, 1, 0x80000000u));
   Frame f;
   IoResult r = ReadFrame(fds_[1], &f, 1000, 1000);
   EXPECT_FALSE(r.ok);

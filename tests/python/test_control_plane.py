@@ -12,7 +12,7 @@ MAGIC = 0x49524F4D
 HELLO, MEM_LOOKUP = 1, 4
 
 
-def frame(ftype, payload=b"", magic=MAGIC, version=1, length=None):
+def frame(ftype, payload=b"", magic=MAGIC, version=2, length=None):
     return struct.pack("<IHHI", magic, version, ftype, len(payload) if length is None else length) + payload
 
 
@@ -54,10 +54,11 @@ def hello_payload(p, kind=1, backend=0):
         frame(99, b"abc"),  # unknown type
         frame(HELLO, b"", magic=0xDEADBEEF),
         frame(HELLO, b"", version=7),
+        frame(HELLO, b"", version=1),  # the unpadded TCP wire of release 1
         frame(HELLO, b"\x01\x00\xff\xff\xff\xff"),  # descriptor length past the end
         frame(HELLO, b"\x05\x00" + b"\x00" * 4),  # unknown connection kind
     ],
-    ids=["garbage", "oversized", "unknown-type", "bad-magic", "bad-version", "bad-desc-len", "bad-kind"],
+    ids=["garbage", "oversized", "unknown-type", "bad-magic", "bad-version", "old-version", "bad-desc-len", "bad-kind"],
 )
 def test_bad_first_frame_closes_only_that_connection(p, blob, capfd):
     s = connect(p)

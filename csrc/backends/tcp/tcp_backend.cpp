@@ -64,9 +64,14 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
                                                    << " segments); closing");
     return false;
   }
-  std::vector<WireSegment> table(h.num_segs);
-  r = ReadFull(fd, table.data(), table.size() * sizeof(WireSegment), deadline);
+  // The table and its padding, in one read (the padding is whole WireSegments).
+  static_assert(sizeof(RequestHeader) % sizeof(WireSegment) == 0 && kWireAlign % sizeof(WireSegment) == 0,
+                "table layout");
+  const uint64_t table_bytes = WireRound(sizeof(h) + uint64_t{h.num_segs} * sizeof(WireSegment)) - sizeof(h);
+  std::vector<WireSegment> table(table_bytes / sizeof(WireSegment));
+  r = ReadFull(fd, table.data(), table_bytes, deadline);
   if (!r.ok) return false;
+  table.resize(h.num_segs);
   uint64_t sum = 0;
   for (const auto& s : table) {
     if (s.size > UINT64_MAX - sum) return false;
@@ -109,9 +114,11 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
   if (op == Op::Write) {
     if (code == StatusCode::SUCCESS) {
       AppendIovecs(use->Base(), segs, false, &iov);
+      char pad[kWireAlign];
+      if (uint64_t n = WirePad(h.total_bytes)) iov.push_back({pad, n});
       r = ReadVFull(fd, iov, deadline);
     } else {
-      r = Discard(fd, h.total_bytes, deadline);  // keep the stream in step
+      r = Discard(fd, WireRound(h.total_bytes), deadline);  // keep the stream in step
     }
     use.reset();
     if (!r.ok) return false;
@@ -120,9 +127,11 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
   iov.clear();
   iov.push_back({&rh, sizeof(rh)});
   if (!msg.empty()) iov.push_back({&msg[0], msg.size()});
+  AppendPadding(sizeof(rh) + msg.size(), &iov);
   if (op == Op::Read && code == StatusCode::SUCCESS) {
     rh.payload_bytes = h.total_bytes;
     AppendIovecs(use->Base(), segs, false, &iov);
+    AppendPadding(h.total_bytes, &iov);
   }
   r = WriteVFull(fd, iov, deadline);
   use.reset();

@@ -1,5 +1,7 @@
 #include "backends/tcp/tcp_data_conn.h"
 
+#include <cstring>
+
 #include <poll.h>
 
 #include "core/logging.h"
@@ -28,6 +30,10 @@ void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side,
     }
     iov->push_back({p, s.size});
   }
+}
+
+void AppendPadding(uint64_t n, std::vector<iovec>* iov) {
+  if (uint64_t pad = WirePad(n)) iov->push_back({const_cast<char*>(WireZeros()), pad});
 }
 
 DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg)
@@ -168,7 +174,11 @@ void DataConn::SendLoop() {
     for (auto& p : batch) {
       iov.push_back({&p->hdr, sizeof(p->hdr)});
       if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});
-      if (p->op == Op::Write) AppendIovecs(p->use->Base(), p->segs, true, &iov);
+      AppendPadding(sizeof(p->hdr) + p->table.size() * sizeof(WireSegment), &iov);
+      if (p->op == Op::Write) {
+        AppendIovecs(p->use->Base(), p->segs, true, &iov);
+        AppendPadding(p->total, &iov);
+      }
     }
     IoResult r = WriteVFull(sock_.fd(), iov, batch.front()->deadline);
     for (auto& p : batch) p->use.reset();
@@ -190,18 +200,25 @@ void DataConn::RecvLoop() {
       if (broken_) return;
       head = inflight_.front();
     }
-    ResponseHeader rh;
-    IoResult r = ReadFull(sock_.fd(), &rh, sizeof(rh), head->deadline);
+    // A response is at least kWireAlign bytes: its first ones hold the
+    // header and the start of the message (or padding).
+    alignas(8) char first[kWireAlign];
+    IoResult r = ReadFull(sock_.fd(), first, sizeof(first), head->deadline);
     if (!r.ok) {
       Break(r.timed_out ? "no response within op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) : r.error);
       return;
     }
+    ResponseHeader rh;
+    std::memcpy(&rh, first, sizeof(rh));
     if (rh.magic != kResponseMagic || rh.req_id != head->hdr.req_id || rh.msg_len > kMaxMessageBytes) {
       Break("protocol error: unexpected response (magic, request id or length)");
       return;
     }
+    constexpr size_t kFirstMsg = sizeof(first) - sizeof(rh);
+    msg.assign(first + sizeof(rh), kFirstMsg);
+    msg.resize(WireRound(sizeof(rh) + rh.msg_len) - sizeof(rh));  // message and padding
+    r = ReadFull(sock_.fd(), &msg[0] + kFirstMsg, msg.size() - kFirstMsg, head->deadline);
     msg.resize(rh.msg_len);
-    r = ReadFull(sock_.fd(), &msg[0], rh.msg_len, head->deadline);
     auto code = static_cast<StatusCode>(rh.code);
     if (r.ok && code == StatusCode::SUCCESS && head->op == Op::Read) {
       if (rh.payload_bytes != head->total) {
@@ -213,9 +230,11 @@ void DataConn::RecvLoop() {
       if (use) {
         iov.clear();
         AppendIovecs(use->Base(), head->segs, true, &iov);
+        char pad[kWireAlign];
+        if (uint64_t n = WirePad(rh.payload_bytes)) iov.push_back({pad, n});
         r = ReadVFull(sock_.fd(), iov, head->deadline);
       } else {
-        r = Discard(sock_.fd(), rh.payload_bytes, head->deadline);
+        r = Discard(sock_.fd(), WireRound(rh.payload_bytes), head->deadline);
         code = StatusCode::ERR_NOT_FOUND;
         msg = "local memory " + std::to_string(head->local->desc.id) + " was deregistered during the read";
       }

@@ -1,8 +1,16 @@
 // Wire format of TCP data connections (after the control-plane Hello).
-// Initiator -> target: RequestHeader, num_segs x WireSegment, then for WRITE
-// the payload. Target -> initiator: ResponseHeader, message, then for a
-// successful READ the payload. NOTICE requests (a read's data arrived) get no
+// Initiator -> target: RequestHeader, num_segs x WireSegment, zero padding to
+// a multiple of kWireAlign, then for WRITE the payload and zero padding to a
+// multiple of kWireAlign. Target -> initiator: ResponseHeader, message, zero
+// padding to kWireAlign, then for a successful READ the payload and zero
+// padding to kWireAlign. NOTICE requests (a read's data arrived) get no
 // response. Requests on one connection are answered in order.
+//
+// Why the padding: every message is a multiple of 64 bytes, so a payload
+// starts 64-byte aligned in the socket buffer's pages, like the registered
+// memory it is copied to or from. Unaligned, the receiver's kernel copy
+// (copy_to_iter) runs up to 4x slower per byte on x86 (measured on AMD EPYC:
+// a 4096 x 16 KiB write batch at 0.6 of a plain socket stream).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +42,16 @@ struct RequestHeader {
 };
 static_assert(sizeof(RequestHeader) == 48, "RequestHeader layout");
 
+constexpr uint64_t kWireAlign = 64;
+// Zero bytes that bring `n` up to a multiple of kWireAlign.
+inline uint64_t WirePad(uint64_t n) { return (kWireAlign - n % kWireAlign) % kWireAlign; }
+inline uint64_t WireRound(uint64_t n) { return n + WirePad(n); }
+// kWireAlign zero bytes, the source of every padding.
+inline const char* WireZeros() {
+  alignas(64) static const char zeros[kWireAlign] = {};
+  return zeros;
+}
+
 struct WireSegment {
   uint64_t offset;  // into the target memory
   uint64_t size;
@@ -47,6 +65,8 @@ struct ResponseHeader {
   uint64_t payload_bytes;
 };
 static_assert(sizeof(ResponseHeader) == 24, "ResponseHeader layout");
+static_assert(sizeof(RequestHeader) <= kWireAlign && sizeof(ResponseHeader) <= kWireAlign,
+              "a message's first kWireAlign bytes hold its header");
 
 }  // namespace tcp
 }  // namespace mori_torch
