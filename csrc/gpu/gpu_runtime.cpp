@@ -1,10 +1,12 @@
 #include "gpu/gpu_runtime.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/types.h"
@@ -161,6 +163,34 @@ int QueryEvent(Event e) {
 
 void SynchronizeStream(Stream s) { Check(gpuStreamSynchronize(static_cast<gpuStream_t>(s)), "StreamSynchronize"); }
 
+void SynchronizeEvent(Event e) { Check(gpuEventSynchronize(static_cast<gpuEvent_t>(e)), "EventSynchronize"); }
+
+int NumaNodeOf(int device) {
+  char bus[64] = {0};
+  if (gpuDeviceGetPCIBusId(bus, sizeof(bus), device) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return -1;
+  }
+  for (char* c = bus; *c; ++c) *c = static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+  // POSIX I/O, not iostreams: see core/logging.h on locale facets.
+  const std::string path = std::string("/sys/bus/pci/devices/") + bus + "/numa_node";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[16] = {0};
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  return static_cast<int>(std::strtol(text, nullptr, 10));
+}
+
+void RelaxCaptureModeForThisThread() {
+  thread_local bool relaxed = false;
+  if (relaxed) return;
+  gpuStreamCaptureMode mode = gpuStreamCaptureModeRelaxed;
+  Check(gpuThreadExchangeStreamCaptureMode(&mode), "ThreadExchangeStreamCaptureMode");
+  relaxed = true;
+}
+
 void CopyAsync(uint64_t dst, uint64_t src, uint64_t bytes, Stream s) {
   Check(gpuMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, gpuMemcpyDefault,
                        static_cast<gpuStream_t>(s)),
@@ -240,6 +270,9 @@ void DestroyEvent(Event, int) {}
 void RecordEvent(Event, Stream) { NoGpu("RecordEvent"); }
 int QueryEvent(Event) { NoGpu("QueryEvent"); }
 void SynchronizeStream(Stream) {}
+void SynchronizeEvent(Event) { NoGpu("SynchronizeEvent"); }
+int NumaNodeOf(int) { return -1; }
+void RelaxCaptureModeForThisThread() {}
 void CopyAsync(uint64_t, uint64_t, uint64_t, Stream) { NoGpu("CopyAsync"); }
 void* DeviceAlloc(int, size_t) { NoGpu("DeviceAlloc"); }
 void DeviceFree(void*, int) {}

@@ -39,6 +39,10 @@
 #define gpuEventDestroy hipEventDestroy
 #define gpuEventRecord hipEventRecord
 #define gpuEventQuery hipEventQuery
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuStreamCaptureMode hipStreamCaptureMode
+#define gpuStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define gpuThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDefault hipMemcpyDefault
 #define gpuMalloc hipMalloc
@@ -81,6 +85,10 @@
 #define gpuEventDestroy cudaEventDestroy
 #define gpuEventRecord cudaEventRecord
 #define gpuEventQuery cudaEventQuery
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuStreamCaptureMode cudaStreamCaptureMode
+#define gpuStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
+#define gpuThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDefault cudaMemcpyDefault
 #define gpuMalloc cudaMalloc

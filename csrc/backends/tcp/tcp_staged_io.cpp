@@ -1,0 +1,141 @@
+#include "backends/tcp/tcp_staged_io.h"
+
+#include <algorithm>
+
+#include "core/types.h"
+
+namespace mori_torch {
+namespace tcp {
+namespace {
+
+// Walks a segment list in payload order, a chunk at a time. Pieces that are
+// adjacent in device memory are handed out as one copy.
+class ChunkWalker {
+ public:
+  explicit ChunkWalker(const DeviceBytes& d) : d_(d) {}
+
+  // Calls copy(device_ptr, offset_in_chunk, bytes) for the pieces of the
+  // next `cap` payload bytes; returns how many bytes the chunk holds (0 at
+  // the end of the payload).
+  template <typename Copy>
+  uint64_t Next(uint64_t cap, Copy&& copy) {
+    const auto& segs = *d_.segs;
+    uint64_t filled = 0, run_ptr = 0, run_at = 0, run_len = 0;
+    while (filled < cap && seg_ < segs.size()) {
+      const Segment& s = segs[seg_];
+      const uint64_t n = std::min(cap - filled, s.size - in_seg_);
+      const uint64_t ptr = d_.base + (d_.local_side ? s.local_off : s.remote_off) + in_seg_;
+      if (run_len != 0 && run_ptr + run_len == ptr) {
+        run_len += n;
+      } else {
+        if (run_len != 0) copy(run_ptr, run_at, run_len);
+        run_ptr = ptr;
+        run_at = filled;
+        run_len = n;
+      }
+      filled += n;
+      in_seg_ += n;
+      if (in_seg_ == s.size) {
+        ++seg_;
+        in_seg_ = 0;
+      }
+    }
+    if (run_len != 0) copy(run_ptr, run_at, run_len);
+    return filled;
+  }
+
+ private:
+  const DeviceBytes& d_;
+  size_t seg_ = 0;
+  uint64_t in_seg_ = 0;
+};
+
+// Waits for whatever a failed pipeline left running in `st`, so no copy
+// touches a chunk after it goes back to the pool.
+void Drain(gpu::StagingSet& st) {
+  try {
+    st.WaitAll();
+  } catch (const Error&) {
+  }
+}
+
+}  // namespace
+
+IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadline deadline) {
+  ChunkWalker walk(src);
+  const int depth = st.depth();
+  std::vector<uint64_t> len(static_cast<size_t>(depth), 0);
+  // Starts the device-to-host copies of the next chunk into slot b.
+  auto fill = [&](int b) {
+    len[b] = walk.Next(st.chunk_bytes(), [&](uint64_t ptr, uint64_t at, uint64_t n) {
+      st.CopyFromDevice(b, at, ptr, n, src.device);
+    });
+    if (len[b] != 0) st.Seal(b, src.device);
+    return len[b] != 0;
+  };
+  try {
+    uint64_t issued = 0;
+    while (issued < static_cast<uint64_t>(depth) && fill(static_cast<int>(issued))) ++issued;
+    for (uint64_t i = 0; i < issued; ++i) {
+      const int b = static_cast<int>(i % depth);
+      st.Wait(b);
+      IoResult r = WriteFull(fd, st.chunk(b), len[b], deadline);
+      if (!r.ok) {
+        Drain(st);
+        return r;
+      }
+      if (fill(b)) ++issued;
+    }
+  } catch (const Error& e) {
+    Drain(st);
+    return IoResult::Fail(std::string("GPU copy for TCP send failed: ") + e.what());
+  }
+  return IoResult::Ok();
+}
+
+IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadline deadline, std::string* gpu_error) {
+  ChunkWalker walk(dst);
+  const int depth = st.depth();
+  for (uint64_t i = 0;; ++i) {
+    const int b = static_cast<int>(i % depth);
+    try {
+      if (gpu_error->empty()) st.Wait(b);  // its previous host-to-device copies read the slot
+    } catch (const Error& e) {
+      *gpu_error = e.what();
+      Drain(st);
+    }
+    // Walk first to learn the chunk's size; copies start once its bytes are in.
+    struct Piece {
+      uint64_t ptr, at, n;
+    };
+    std::vector<Piece> pieces;
+    const uint64_t n = walk.Next(st.chunk_bytes(), [&](uint64_t ptr, uint64_t at, uint64_t len) {
+      pieces.push_back({ptr, at, len});
+    });
+    if (n == 0) break;
+    IoResult r = ReadFull(fd, st.chunk(b), n, deadline);
+    if (!r.ok) {
+      Drain(st);
+      return r;
+    }
+    if (!gpu_error->empty()) continue;  // keep the stream in step, copy nothing
+    try {
+      for (const auto& p : pieces) st.CopyToDevice(b, p.at, p.ptr, p.n, dst.device);
+      st.Seal(b, dst.device);
+    } catch (const Error& e) {
+      *gpu_error = e.what();
+      Drain(st);
+    }
+  }
+  if (gpu_error->empty()) {
+    try {
+      st.WaitAll();  // the payload is in place before the caller reports success
+    } catch (const Error& e) {
+      *gpu_error = e.what();
+    }
+  }
+  return IoResult::Ok();
+}
+
+}  // namespace tcp
+}  // namespace mori_torch
