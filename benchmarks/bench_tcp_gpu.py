@@ -18,16 +18,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from mori_torch import benchmark as cli  # noqa: E402
 
 CASES = {
-    "64M": ["--op-type", "both", "--buffer-size", "64M", "--iters", "20"],
-    "4M": ["--op-type", "both", "--buffer-size", "4M", "--iters", "50"],
-    "256K": ["--op-type", "both", "--buffer-size", "256K", "--iters", "200"],
+    "64M": ["--op-type", "both", "--buffer-size", "64M", "--transfer-batch-size", "1", "--iters", "20"],
+    "4M": ["--op-type", "both", "--buffer-size", "4M", "--transfer-batch-size", "1", "--iters", "50"],
+    "256K": ["--op-type", "both", "--buffer-size", "256K", "--transfer-batch-size", "1", "--iters", "200"],
     "4096x16K": ["--op-type", "both", "--buffer-size", "16K", "--transfer-batch-size", "4096",
                  "--enable-batch-transfer", "--enable-sess", "--shuffle", "--iters", "10"],
 }
 
 
-def run_cli(mem, case_args):
-    argv = ["--mem-type", mem, "--warmup", "2", "--quiet", *case_args]
+def run_cli(mem, case_args, extra=()):
+    argv = ["--mem-type", mem, "--warmup", "2", "--quiet", *case_args, *extra]
     args = cli.build_parser().parse_args(argv)
     cli.check_args(args)
     return cli.run(args, ["mori_torch.benchmark", *argv])
@@ -38,7 +38,14 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="host/GPU alternations per case (default 3)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     p.add_argument("--json", default=None, help="write the records here")
+    p.add_argument("--staging-chunk-bytes", default=None, help="TcpBackendConfig.staging_chunk_bytes (e.g. 512K)")
+    p.add_argument("--staging-depth", default=None, help="TcpBackendConfig.staging_depth")
+    p.add_argument("--num-data-conns", default=None, help="TcpBackendConfig.num_data_conns (default: the CLI's 8)")
     a = p.parse_args()
+    extra = []
+    for flag in ("staging_chunk_bytes", "staging_depth", "num_data_conns"):
+        if getattr(a, flag) is not None:
+            extra += ["--" + flag.replace("_", "-"), getattr(a, flag)]
 
     out = []
     print(f"{'case':>10} {'op':>5} {'host GB/s':>10} {'GPU GB/s':>9} {'GPU/host':>8}")
@@ -46,7 +53,7 @@ def main():
         runs = {"cpu": [], "gpu": []}
         for _ in range(a.rounds):
             for mem in ("cpu", "gpu"):
-                runs[mem].append(run_cli(mem, CASES[name]))
+                runs[mem].append(run_cli(mem, CASES[name], extra))
         for i, op in enumerate(r["op"] for r in runs["cpu"][0]):
             host = statistics.median(rs[i]["gbps"] for rs in runs["cpu"])
             gpu = statistics.median(rs[i]["gbps"] for rs in runs["gpu"])

@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("mori_torch options")
     m.add_argument("--num-data-conns", type=_positive_int, default=8,
                    help="TcpBackendConfig.num_data_conns, also the baseline's connection limit (default: 8)")
+    m.add_argument("--staging-chunk-bytes", type=parse_size, default=None,
+                   help="TcpBackendConfig.staging_chunk_bytes (GPU memory over TCP; default: the config's)")
+    m.add_argument("--staging-depth", type=_positive_int, default=None,
+                   help="TcpBackendConfig.staging_depth (GPU memory over TCP; default: the config's)")
     m.add_argument("--shuffle", action="store_true",
                    help="permute the remote offsets (no two segments adjacent) so segments cannot merge")
     m.add_argument("--sweep-step", type=int, choices=(2, 4), default=2,
@@ -604,6 +608,10 @@ class Initiator:
         self.io = io
         self.args = args
         tcp = dict(num_data_conns=args.num_data_conns, enable_notification=not args.no_notification)
+        if args.staging_chunk_bytes is not None:
+            tcp["staging_chunk_bytes"] = args.staging_chunk_bytes
+        if args.staging_depth is not None:
+            tcp["staging_depth"] = args.staging_depth
         gpu = args.mem_type == "gpu"
         self.target = Target(dict(host=args.host, tcp=tcp, buffer_bytes=buffer_bytes, quiet_log=False, gpu=gpu))
         self.engine = None

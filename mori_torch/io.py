@@ -112,8 +112,8 @@ class TcpBackendConfig:
     enable_notification: bool = True
     # GPU memory goes through pinned staging buffers: per connection and
     # direction, staging_depth chunks of staging_chunk_bytes in flight.
-    staging_chunk_bytes: int = 2 * 1024 * 1024
-    staging_depth: int = 3
+    staging_chunk_bytes: int = 512 * 1024
+    staging_depth: int = 4
 
 
 _CONFIG_TYPES = {

@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,12 @@
 
 namespace mori_torch {
 namespace gpu {
+
+namespace {
+std::atomic<uint64_t> g_pinned_bytes{0};
+}  // namespace
+
+uint64_t PinnedBytes() { return g_pinned_bytes.load(std::memory_order_relaxed); }
 
 #if MORI_WITH_GPU
 namespace {
@@ -237,13 +244,21 @@ void* PinnedAlloc(size_t bytes, int numa_node) {
     munmap(p, bytes);  // nothing pinned stays behind
     Check(e, "HostRegister");
   }
+  g_pinned_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return p;
+}
+
+uint64_t DevicePointerOfPinned(void* p) {
+  void* d = nullptr;
+  Check(gpuHostGetDevicePointer(&d, p, 0), "HostGetDevicePointer");
+  return reinterpret_cast<uint64_t>(d);
 }
 
 void PinnedFree(void* p, size_t bytes) {
   if (!p) return;
   (void)gpuHostUnregister(p);
   munmap(p, bytes);
+  g_pinned_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 #else  // CPU-only build: every entry point says there is no GPU.
@@ -280,6 +295,7 @@ void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchSegm
 void WarmUpKernels(int) {}
 void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
 void PinnedFree(void*, size_t) {}
+uint64_t DevicePointerOfPinned(void*) { NoGpu("DevicePointerOfPinned"); }
 void EnablePeerAccess(int, int) { NoGpu("EnablePeerAccess"); }
 void SetDevice(int) { NoGpu("SetDevice"); }
 int CurrentDevice() { return -1; }

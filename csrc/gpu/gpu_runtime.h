@@ -73,6 +73,10 @@ void WarmUpKernels(int device);
 // cudaHostAlloc); released safely if registration fails.
 void* PinnedAlloc(size_t bytes, int numa_node);
 void PinnedFree(void* p, size_t bytes);
+// The address through which kernels reach PinnedAlloc memory at `p`.
+uint64_t DevicePointerOfPinned(void* p);
+// Bytes of host memory PinnedAlloc holds pinned now (leak checks, diagnostics).
+uint64_t PinnedBytes();
 
 // NUMA node of `device`'s PCI function (sysfs), -1 when unknown.
 int NumaNodeOf(int device);

@@ -25,17 +25,27 @@ StagingSet::StagingSet(uint64_t chunk_bytes, int depth, int numa_node) : chunk_b
   }
   const int fail_at = InjectedFailureAt();
   chunks_.reserve(static_cast<size_t>(depth));
+  lists_bytes_ = static_cast<size_t>(depth) * kMaxPieces * sizeof(CopySegment);
   try {
     for (int i = 0; i < depth; ++i) {
       if (fail_at == i + 1) {
         throw Error(StatusCode::ERR_GPU_OP,
                     "pinning staging chunk " + std::to_string(i + 1) + " failed (MORI_TORCH_FAIL_PINNED_CHUNK)");
       }
-      chunks_.push_back({PinnedAlloc(chunk_bytes, numa_node), nullptr});
+      Chunk c;
+      c.ptr = PinnedAlloc(chunk_bytes, numa_node);
+      chunks_.push_back(c);
+      chunks_.back().dev_ptr = DevicePointerOfPinned(c.ptr);
+    }
+    lists_ = PinnedAlloc(lists_bytes_, numa_node);
+    for (int i = 0; i < depth; ++i) {
+      chunks_[i].list = static_cast<CopySegment*>(lists_) + static_cast<size_t>(i) * kMaxPieces;
+      chunks_[i].list_dev_ptr = DevicePointerOfPinned(chunks_[i].list);
     }
   } catch (...) {
     for (auto& c : chunks_) PinnedFree(c.ptr, chunk_bytes_);
     chunks_.clear();
+    PinnedFree(lists_, lists_bytes_);
     throw;
   }
 }
@@ -51,6 +61,7 @@ StagingSet::~StagingSet() {
     DestroyStream(l.stream, l.device);
   }
   for (auto& c : chunks_) PinnedFree(c.ptr, chunk_bytes_);
+  PinnedFree(lists_, lists_bytes_);
 }
 
 StagingSet::Lane& StagingSet::LaneOf(int device) {
@@ -58,6 +69,7 @@ StagingSet::Lane& StagingSet::LaneOf(int device) {
     if (l.device == device) return l;
   }
   RelaxCaptureModeForThisThread();
+  WarmUpKernels(device);  // before any stream of this process waits on host memory
   Lane l;
   l.device = device;
   l.stream = CreateStream(device);
@@ -72,18 +84,32 @@ StagingSet::Lane& StagingSet::LaneOf(int device) {
   return lanes_.back();
 }
 
-void StagingSet::CopyFromDevice(int i, uint64_t at, uint64_t dev_ptr, uint64_t bytes, int device) {
-  CopyAsync(reinterpret_cast<uint64_t>(chunk(i)) + at, dev_ptr, bytes, LaneOf(device).stream);
-}
-
-void StagingSet::CopyToDevice(int i, uint64_t at, uint64_t dev_ptr, uint64_t bytes, int device) {
-  CopyAsync(dev_ptr, reinterpret_cast<uint64_t>(chunk(i)) + at, bytes, LaneOf(device).stream);
-}
-
-void StagingSet::Seal(int i, int device) {
+void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, int device) {
+  // Below this many pieces, copy-engine copies beat a kernel launch.
+  constexpr size_t kKernelMinPieces = 8;
   Lane& l = LaneOf(device);
+  Chunk& c = chunks_[i];
+  const bool to_chunk = dir == Direction::kDeviceToChunk;
+  if (pieces.size() >= kKernelMinPieces && pieces.size() <= kMaxPieces) {
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const uint64_t host = c.dev_ptr + pieces[k].at;
+      c.list[k] = {to_chunk ? host : pieces[k].dev_ptr, to_chunk ? pieces[k].dev_ptr : host, pieces[k].bytes};
+    }
+    SetDevice(device);
+    LaunchSegmentCopy(reinterpret_cast<const CopySegment*>(c.list_dev_ptr), static_cast<uint32_t>(pieces.size()),
+                      l.stream);
+  } else {
+    const uint64_t host = reinterpret_cast<uint64_t>(c.ptr);
+    for (const auto& p : pieces) {
+      if (to_chunk) {
+        CopyAsync(host + p.at, p.dev_ptr, p.bytes, l.stream);
+      } else {
+        CopyAsync(p.dev_ptr, host + p.at, p.bytes, l.stream);
+      }
+    }
+  }
   RecordEvent(l.events[i], l.stream);
-  chunks_[i].sealed = l.events[i];
+  c.sealed = l.events[i];
 }
 
 void StagingSet::Wait(int i) {
@@ -118,12 +144,13 @@ void StagingPool::Give(std::unique_ptr<StagingSet> set) {
     return;  // a set whose copies failed is not reused
   }
   std::lock_guard<std::mutex> lk(mu_);
-  if (idle_.size() < max_idle_) idle_.push_back(std::move(set));
+  if (!closed_ && idle_.size() < max_idle_) idle_.push_back(std::move(set));
 }
 
-void StagingPool::Clear() {
+void StagingPool::Close() {
   std::vector<std::unique_ptr<StagingSet>> drop;
   std::lock_guard<std::mutex> lk(mu_);
+  closed_ = true;
   drop.swap(idle_);
 }
 

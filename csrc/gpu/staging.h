@@ -31,12 +31,19 @@ class StagingSet {
   int depth() const { return static_cast<int>(chunks_.size()); }
   char* chunk(int i) const { return static_cast<char*>(chunks_[i].ptr); }
 
-  // Copies `bytes` between `dev_ptr` (memory of `device`) and offset `at` of
-  // chunk `i`, asynchronously on the set's stream for `device`.
-  void CopyFromDevice(int i, uint64_t at, uint64_t dev_ptr, uint64_t bytes, int device);
-  void CopyToDevice(int i, uint64_t at, uint64_t dev_ptr, uint64_t bytes, int device);
-  // Marks the end of the copies issued for chunk `i` so far.
-  void Seal(int i, int device);
+  // Most pieces one chunk's copy takes (the kernel's list capacity).
+  static constexpr size_t kMaxPieces = 1024;
+  struct Piece {
+    uint64_t dev_ptr;  // device memory of `device`
+    uint64_t at;       // offset in the chunk
+    uint64_t bytes;
+  };
+  enum class Direction { kDeviceToChunk, kChunkToDevice };
+  // Issues the copies between chunk `i` and device memory, asynchronously on
+  // the set's stream for `device`, then seals the chunk: many small pieces
+  // go as one gather/scatter kernel launch (its list in pinned memory),
+  // few as copy-engine copies.
+  void Copy(int i, const std::vector<Piece>& pieces, Direction dir, int device);
   // Waits for chunk `i`'s sealed copies (no-op when none are pending).
   void Wait(int i);
   // Waits for everything issued; used before reuse or on error paths so no
@@ -46,6 +53,9 @@ class StagingSet {
  private:
   struct Chunk {
     void* ptr = nullptr;
+    uint64_t dev_ptr = 0;      // the chunk as kernels see it
+    CopySegment* list = nullptr;  // the kernel's segment list (pinned)
+    uint64_t list_dev_ptr = 0;
     Event sealed = nullptr;  // event of the device that last copied, or null
   };
   struct Lane {  // per device
@@ -57,6 +67,8 @@ class StagingSet {
 
   uint64_t chunk_bytes_;
   std::vector<Chunk> chunks_;
+  void* lists_ = nullptr;  // one pinned block holding every chunk's list
+  size_t lists_bytes_ = 0;
   std::vector<Lane> lanes_;
 };
 
@@ -68,14 +80,15 @@ class StagingPool {
   std::unique_ptr<StagingSet> Take(int device);
   // Returns a set (after its copies finished); frees it if enough are idle.
   void Give(std::unique_ptr<StagingSet> set);
-  // Drops every idle set.
-  void Clear();
+  // Frees every idle set; sets given back afterwards are freed at once.
+  void Close();
 
  private:
   const uint64_t chunk_bytes_;
   const int depth_;
   const size_t max_idle_;
   std::mutex mu_;
+  bool closed_ = false;
   std::vector<std::unique_ptr<StagingSet>> idle_;
 };
 

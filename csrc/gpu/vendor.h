@@ -49,6 +49,7 @@
 #define gpuFree hipFree
 #define gpuHostRegister hipHostRegister
 #define gpuHostUnregister hipHostUnregister
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuHostRegisterPortable hipHostRegisterPortable
 #define gpuHostRegisterMapped hipHostRegisterMapped
 #define gpuMemGetAddressRange(base, size, ptr) hipMemGetAddressRange(base, size, ptr)
@@ -95,6 +96,7 @@
 #define gpuFree cudaFree
 #define gpuHostRegister cudaHostRegister
 #define gpuHostUnregister cudaHostUnregister
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuHostRegisterPortable cudaHostRegisterPortable
 #define gpuHostRegisterMapped cudaHostRegisterMapped
 #endif

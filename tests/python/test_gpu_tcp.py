@@ -9,6 +9,8 @@ import random
 import pytest
 import torch
 
+import mori_torch
+
 from conftest import unique_key, wait_ok
 from mori_torch.io import (
     BackendType,
@@ -23,8 +25,7 @@ from mori_torch.io import (
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 
-# Small chunks so that modest payloads cross many chunk boundaries; an odd
-# size so the leak check below can find these mappings in /proc/self/maps.
+# Small chunks so that modest payloads cross many chunk boundaries.
 CHUNK = (256 << 10) + 4096
 
 
@@ -95,6 +96,41 @@ def test_shuffled_batch_spans_chunks(tcp_pair, op):
             assert torch.equal(got[lo[i] : lo[i] + page], want[ro[i] : ro[i] + page]), f"page {i}"
 
 
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_small_unaligned_segments(tcp_pair, op):
+    """Hundreds of odd-sized, odd-offset pieces per staging chunk (the
+    gather/scatter kernel's byte path)."""
+    a, b, local, remote, ld, rd = tcp_pair
+    n = 2000
+    sizes = [1 + (i * 37) % 999 for i in range(n)]
+    lo, at = [], 5
+    for sz in sizes:  # local layout: in order, 3-byte gaps
+        lo.append(at)
+        at += sz + 3
+    ro, rat = [0] * n, 11
+    for i in random.Random(8).sample(range(n), n):  # remote layout: permuted, 5-byte gaps
+        ro[i] = rat
+        rat += sizes[i] + 5
+    order = random.Random(9).sample(range(n), n)  # and submitted in a third order
+    lo, ro, sizes = [lo[i] for i in order], [ro[i] for i in order], [sizes[i] for i in order]
+    at = max(at, rat)
+    span = at + 64
+    src = rand_bytes(span, 17)
+    sess = a.create_session(ld, rd)
+    if op == "write":
+        local[:span] = src.to(local.device)
+        wait_ok(sess.batch_write(lo, ro, sizes, 21))
+        got, want = remote.cpu(), local.cpu()
+        for i in range(n):
+            assert torch.equal(got[ro[i] : ro[i] + sizes[i]], want[lo[i] : lo[i] + sizes[i]]), f"segment {i}"
+    else:
+        remote[:span] = src.to(remote.device)
+        wait_ok(sess.batch_read(lo, ro, sizes, 22))
+        got, want = local.cpu(), remote.cpu()
+        for i in range(n):
+            assert torch.equal(got[lo[i] : lo[i] + sizes[i]], want[ro[i] : ro[i] + sizes[i]]), f"segment {i}"
+
+
 def test_many_transfers_in_flight_keep_order_per_byte(tcp_pair):
     a, b, local, remote, ld, rd = tcp_pair
     n, size = 64, 64 << 10
@@ -121,16 +157,6 @@ def test_views_and_two_registrations_of_one_block():
     b.shutdown()
 
 
-def _pinned_mappings():
-    """Mappings of exactly CHUNK bytes in this process (staging chunks)."""
-    n = 0
-    with open("/proc/self/maps") as f:
-        for line in f:
-            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-            n += hi - lo == CHUNK
-    return n
-
-
 def test_staging_that_fails_half_way_frees_what_it_pinned(monkeypatch):
     a, b = tcp_engine("gf-a", num_data_conns=1), tcp_engine("gf-b", num_data_conns=1)
     a.register_remote_engine(b.get_engine_desc())
@@ -138,18 +164,34 @@ def test_staging_that_fails_half_way_frees_what_it_pinned(monkeypatch):
     cpu = torch.zeros(1 << 20, dtype=torch.uint8)
     ld = a.register_torch_tensor(gpu)
     rd = MemoryDesc.unpack(b.register_torch_tensor(cpu).pack())
-    before = _pinned_mappings()
+    before = mori_torch.pinned_host_bytes()
     monkeypatch.setenv("MORI_TORCH_FAIL_PINNED_CHUNK", "2")  # chunk 1 pins, chunk 2 fails
     st = a.write(ld, 0, rd, 0, 1 << 20, 1)
     assert st.WaitFor(10000) == StatusCode.ERR_GPU_OP
     assert "staging" in st.Message() and "chunk 2" in st.Message()
-    assert _pinned_mappings() == before, "the chunk pinned before the failure leaked"
+    assert mori_torch.pinned_host_bytes() == before, "the chunk pinned before the failure leaked"
     assert int(cpu.count_nonzero()) == 0
     # The engine goes on working once pinning succeeds; its set stays pinned.
     monkeypatch.delenv("MORI_TORCH_FAIL_PINNED_CHUNK")
     wait_ok(a.write(ld, 0, rd, 0, 1 << 20, 2))
     assert bool((cpu == 7).all())
-    assert _pinned_mappings() == before + 3  # the default staging_depth
+    assert mori_torch.pinned_host_bytes() == before + 4 * CHUNK  # the default staging_depth
+    a.shutdown()
+    b.shutdown()
+    assert mori_torch.pinned_host_bytes() == before  # engines gone: nothing stays pinned
+
+
+def test_pinned_bytes_return_to_zero_after_engines_end():
+    before = mori_torch.pinned_host_bytes()
+    a, b = tcp_engine("gz-a", num_data_conns=2), tcp_engine("gz-b", num_data_conns=2)
+    a.register_remote_engine(b.get_engine_desc())
+    g1 = torch.ones(2 << 20, dtype=torch.uint8, device="cuda:0")
+    g2 = torch.zeros(2 << 20, dtype=torch.uint8, device="cuda:0")
+    ld = a.register_torch_tensor(g1)
+    rd = MemoryDesc.unpack(b.register_torch_tensor(g2).pack())
+    wait_ok(a.write(ld, 0, rd, 0, 2 << 20, 1))
+    wait_ok(a.read(ld, 0, rd, 0, 2 << 20, 2))
+    assert mori_torch.pinned_host_bytes() > before
     a.shutdown()
     b.shutdown()
 

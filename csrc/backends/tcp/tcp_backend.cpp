@@ -35,7 +35,7 @@ void TcpBackend::Shutdown() {
     std::lock_guard<std::mutex> lk(inbound_mu_);
     for (int fd : inbound_fds_) ::shutdown(fd, SHUT_RDWR);
   }
-  staging_->Clear();
+  staging_->Close();
 }
 
 void TcpBackend::ServeData(const EngineDesc& peer, Socket& sock) {

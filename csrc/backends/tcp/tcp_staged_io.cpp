@@ -8,30 +8,31 @@ namespace mori_torch {
 namespace tcp {
 namespace {
 
+using Piece = gpu::StagingSet::Piece;
+
 // Walks a segment list in payload order, a chunk at a time. Pieces that are
 // adjacent in device memory are handed out as one copy.
 class ChunkWalker {
  public:
   explicit ChunkWalker(const DeviceBytes& d) : d_(d) {}
 
-  // Calls copy(device_ptr, offset_in_chunk, bytes) for the pieces of the
-  // next `cap` payload bytes; returns how many bytes the chunk holds (0 at
+  // Fills *pieces with the next at most `cap` payload bytes, cut into at
+  // most StagingSet::kMaxPieces pieces; returns the chunk's byte count (0 at
   // the end of the payload).
-  template <typename Copy>
-  uint64_t Next(uint64_t cap, Copy&& copy) {
+  uint64_t Next(uint64_t cap, std::vector<Piece>* pieces) {
     const auto& segs = *d_.segs;
-    uint64_t filled = 0, run_ptr = 0, run_at = 0, run_len = 0;
+    pieces->clear();
+    uint64_t filled = 0;
     while (filled < cap && seg_ < segs.size()) {
       const Segment& s = segs[seg_];
       const uint64_t n = std::min(cap - filled, s.size - in_seg_);
       const uint64_t ptr = d_.base + (d_.local_side ? s.local_off : s.remote_off) + in_seg_;
-      if (run_len != 0 && run_ptr + run_len == ptr) {
-        run_len += n;
+      if (!pieces->empty() && pieces->back().dev_ptr + pieces->back().bytes == ptr) {
+        pieces->back().bytes += n;
+      } else if (pieces->size() < gpu::StagingSet::kMaxPieces) {
+        pieces->push_back({ptr, filled, n});
       } else {
-        if (run_len != 0) copy(run_ptr, run_at, run_len);
-        run_ptr = ptr;
-        run_at = filled;
-        run_len = n;
+        break;  // the list is full: the chunk ends here
       }
       filled += n;
       in_seg_ += n;
@@ -40,7 +41,6 @@ class ChunkWalker {
         in_seg_ = 0;
       }
     }
-    if (run_len != 0) copy(run_ptr, run_at, run_len);
     return filled;
   }
 
@@ -49,6 +49,15 @@ class ChunkWalker {
   size_t seg_ = 0;
   uint64_t in_seg_ = 0;
 };
+
+// Size of the next chunk: the full chunk in the middle of a payload, but
+// ramping up from kFirstChunk at its start (the first bytes reach the
+// socket after a short copy) and down at its end (the last copy after the
+// socket is short), so a payload of a few chunks still overlaps.
+constexpr uint64_t kFirstChunk = 64 << 10;
+uint64_t ChunkCap(uint64_t done, uint64_t remaining, uint64_t chunk_bytes) {
+  return std::min({chunk_bytes, std::max(kFirstChunk, done), std::max(kFirstChunk, remaining / 2)});
+}
 
 // Waits for whatever a failed pipeline left running in `st`, so no copy
 // touches a chunk after it goes back to the pool.
@@ -65,12 +74,14 @@ IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadlin
   ChunkWalker walk(src);
   const int depth = st.depth();
   std::vector<uint64_t> len(static_cast<size_t>(depth), 0);
+  uint64_t done = 0, remaining = TotalBytes(*src.segs);
+  std::vector<Piece> pieces;
   // Starts the device-to-host copies of the next chunk into slot b.
   auto fill = [&](int b) {
-    len[b] = walk.Next(st.chunk_bytes(), [&](uint64_t ptr, uint64_t at, uint64_t n) {
-      st.CopyFromDevice(b, at, ptr, n, src.device);
-    });
-    if (len[b] != 0) st.Seal(b, src.device);
+    len[b] = walk.Next(ChunkCap(done, remaining, st.chunk_bytes()), &pieces);
+    done += len[b];
+    remaining -= len[b];
+    if (len[b] != 0) st.Copy(b, pieces, gpu::StagingSet::Direction::kDeviceToChunk, src.device);
     return len[b] != 0;
   };
   try {
@@ -96,6 +107,8 @@ IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadlin
 IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadline deadline, std::string* gpu_error) {
   ChunkWalker walk(dst);
   const int depth = st.depth();
+  uint64_t done = 0, remaining = TotalBytes(*dst.segs);
+  std::vector<Piece> pieces;
   for (uint64_t i = 0;; ++i) {
     const int b = static_cast<int>(i % depth);
     try {
@@ -105,14 +118,10 @@ IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadlin
       Drain(st);
     }
     // Walk first to learn the chunk's size; copies start once its bytes are in.
-    struct Piece {
-      uint64_t ptr, at, n;
-    };
-    std::vector<Piece> pieces;
-    const uint64_t n = walk.Next(st.chunk_bytes(), [&](uint64_t ptr, uint64_t at, uint64_t len) {
-      pieces.push_back({ptr, at, len});
-    });
+    const uint64_t n = walk.Next(ChunkCap(done, remaining, st.chunk_bytes()), &pieces);
     if (n == 0) break;
+    done += n;
+    remaining -= n;
     IoResult r = ReadFull(fd, st.chunk(b), n, deadline);
     if (!r.ok) {
       Drain(st);
@@ -120,8 +129,7 @@ IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadlin
     }
     if (!gpu_error->empty()) continue;  // keep the stream in step, copy nothing
     try {
-      for (const auto& p : pieces) st.CopyToDevice(b, p.at, p.ptr, p.n, dst.device);
-      st.Seal(b, dst.device);
+      st.Copy(b, pieces, gpu::StagingSet::Direction::kChunkToDevice, dst.device);
     } catch (const Error& e) {
       *gpu_error = e.what();
       Drain(st);
