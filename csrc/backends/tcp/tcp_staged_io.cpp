@@ -50,15 +50,6 @@ class ChunkWalker {
   uint64_t in_seg_ = 0;
 };
 
-// Size of the next chunk: the full chunk in the middle of a payload, but
-// ramping up from kFirstChunk at its start (the first bytes reach the
-// socket after a short copy) and down at its end (the last copy after the
-// socket is short), so a payload of a few chunks still overlaps.
-constexpr uint64_t kFirstChunk = 64 << 10;
-uint64_t ChunkCap(uint64_t done, uint64_t remaining, uint64_t chunk_bytes) {
-  return std::min({chunk_bytes, std::max(kFirstChunk, done), std::max(kFirstChunk, remaining / 2)});
-}
-
 // Waits for whatever a failed pipeline left running in `st`, so no copy
 // touches a chunk after it goes back to the pool.
 void Drain(gpu::StagingSet& st) {
@@ -74,13 +65,10 @@ IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadlin
   ChunkWalker walk(src);
   const int depth = st.depth();
   std::vector<uint64_t> len(static_cast<size_t>(depth), 0);
-  uint64_t done = 0, remaining = TotalBytes(*src.segs);
   std::vector<Piece> pieces;
   // Starts the device-to-host copies of the next chunk into slot b.
   auto fill = [&](int b) {
-    len[b] = walk.Next(ChunkCap(done, remaining, st.chunk_bytes()), &pieces);
-    done += len[b];
-    remaining -= len[b];
+    len[b] = walk.Next(st.chunk_bytes(), &pieces);
     if (len[b] != 0) st.Copy(b, pieces, gpu::StagingSet::Direction::kDeviceToChunk, src.device);
     return len[b] != 0;
   };
@@ -107,7 +95,6 @@ IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadlin
 IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadline deadline, std::string* gpu_error) {
   ChunkWalker walk(dst);
   const int depth = st.depth();
-  uint64_t done = 0, remaining = TotalBytes(*dst.segs);
   std::vector<Piece> pieces;
   for (uint64_t i = 0;; ++i) {
     const int b = static_cast<int>(i % depth);
@@ -118,10 +105,8 @@ IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadlin
       Drain(st);
     }
     // Walk first to learn the chunk's size; copies start once its bytes are in.
-    const uint64_t n = walk.Next(ChunkCap(done, remaining, st.chunk_bytes()), &pieces);
+    const uint64_t n = walk.Next(st.chunk_bytes(), &pieces);
     if (n == 0) break;
-    done += n;
-    remaining -= n;
     IoResult r = ReadFull(fd, st.chunk(b), n, deadline);
     if (!r.ok) {
       Drain(st);
