@@ -11,20 +11,28 @@ uint64_t TotalBytes(const std::vector<Segment>& segs) {
 }
 
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
-  std::vector<Segment> out;
-  out.reserve(segs.size());
-  for (const auto& s : segs) {
+  std::vector<Segment> out = segs;
+  MergeContiguousInPlace(&out);
+  return out;
+}
+
+void MergeContiguousInPlace(std::vector<Segment>* segs) {
+  Segment* v = segs->data();
+  const size_t n = segs->size();
+  size_t kept = 0;  // v[0, kept) is the merged prefix
+  for (size_t i = 0; i < n; ++i) {
+    const Segment s = v[i];
     if (s.size == 0) continue;
-    if (!out.empty()) {
-      Segment& b = out.back();
+    if (kept > 0) {
+      Segment& b = v[kept - 1];
       if (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off) {
         b.size += s.size;
         continue;
       }
     }
-    out.push_back(s);
+    v[kept++] = s;
   }
-  return out;
+  segs->resize(kept);
 }
 
 std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, size_t parts) {

@@ -151,6 +151,10 @@ void RecordEvent(Event e, Stream s) {
   Check(gpuEventRecord(static_cast<gpuEvent_t>(e), static_cast<gpuStream_t>(s)), "EventRecord");
 }
 
+void StreamWaitEvent(Stream s, Event e) {
+  Check(gpuStreamWaitEvent(static_cast<gpuStream_t>(s), static_cast<gpuEvent_t>(e), 0), "StreamWaitEvent");
+}
+
 int QueryEvent(Event e) {
   gpuError_t r = gpuEventQuery(static_cast<gpuEvent_t>(e));
   if (r == gpuSuccess) return 1;
@@ -238,12 +242,15 @@ void DestroyStream(Stream, int) {}
 Event CreateEvent(int) { NoGpu("CreateEvent"); }
 void DestroyEvent(Event, int) {}
 void RecordEvent(Event, Stream) { NoGpu("RecordEvent"); }
+void StreamWaitEvent(Stream, Event) { NoGpu("StreamWaitEvent"); }
 int QueryEvent(Event) { NoGpu("QueryEvent"); }
 void SynchronizeStream(Stream) {}
 void CopyAsync(uint64_t, uint64_t, uint64_t, Stream) { NoGpu("CopyAsync"); }
 void* DeviceAlloc(int, size_t) { NoGpu("DeviceAlloc"); }
 void DeviceFree(void*, int) {}
 void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchSegmentCopy"); }
+void LaunchInlineSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchInlineSegmentCopy"); }
+uint32_t SegmentCopyResidentGroups(int) { return 1; }
 void WarmUpKernels(int) {}
 void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
 void PinnedFree(void*, size_t) {}

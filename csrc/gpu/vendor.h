@@ -39,6 +39,7 @@
 #define gpuEventDestroy hipEventDestroy
 #define gpuEventRecord hipEventRecord
 #define gpuEventQuery hipEventQuery
+#define gpuStreamWaitEvent hipStreamWaitEvent
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDefault hipMemcpyDefault
 #define gpuMalloc hipMalloc
@@ -48,6 +49,9 @@
 #define gpuHostRegisterPortable hipHostRegisterPortable
 #define gpuHostRegisterMapped hipHostRegisterMapped
 #define gpuMemGetAddressRange(base, size, ptr) hipMemGetAddressRange(base, size, ptr)
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #else
 #include <cuda_runtime.h>
 #define MORI_HIP 0
@@ -81,6 +85,7 @@
 #define gpuEventDestroy cudaEventDestroy
 #define gpuEventRecord cudaEventRecord
 #define gpuEventQuery cudaEventQuery
+#define gpuStreamWaitEvent cudaStreamWaitEvent
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDefault cudaMemcpyDefault
 #define gpuMalloc cudaMalloc
@@ -89,4 +94,7 @@
 #define gpuHostUnregister cudaHostUnregister
 #define gpuHostRegisterPortable cudaHostRegisterPortable
 #define gpuHostRegisterMapped cudaHostRegisterMapped
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif

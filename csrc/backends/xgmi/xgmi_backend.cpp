@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -81,10 +82,14 @@ DeviceContext& XgmiBackend::Device(int device) {
     auto fresh = std::make_unique<DeviceContext>();
     fresh->device = device;
     gpu::WarmUpKernels(device);
+    fresh->resident_groups = gpu::SegmentCopyResidentGroups(device);
     for (int64_t i = 0; i < cfg_.num_streams; ++i) {
       auto lane = std::make_unique<DeviceContext::Lane>();
       lane->stream = gpu::CreateStream(device);
+      lane->upload = gpu::CreateStream(device);
       lane->list_copied = gpu::CreateEvent(device);
+      lane->list_consumed = gpu::CreateEvent(device);
+      lane->chunk_uploaded = gpu::CreateEvent(device);
       fresh->lanes.push_back(std::move(lane));
     }
     std::lock_guard<std::mutex> ek(event_mu_);
@@ -113,6 +118,92 @@ void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
   free_events_[device].push_back(e);
 }
 
+uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups) {
+  // About two pieces per resident group, in whole 4 KiB units (which keeps
+  // 16-byte alignment): one pass of a group's loads is 4 KiB.
+  constexpr uint64_t kUnit = 4096;
+  const uint64_t want = total_bytes / (2 * static_cast<uint64_t>(resident_groups > 0 ? resident_groups : 1));
+  return std::max(kUnit, (want + kUnit - 1) / kUnit * kUnit);
+}
+
+void XgmiBackend::GrowList(DeviceContext::Lane& lane, size_t entries, int device) {
+  if (lane.capacity >= entries) return;
+  // The old lists may still be uploaded or read.
+  gpu::SynchronizeStream(lane.upload);
+  gpu::SynchronizeStream(lane.stream);
+  lane.list_pending = false;
+  gpu::PinnedFree(lane.host_list, lane.capacity * sizeof(gpu::CopySegment));
+  gpu::DeviceFree(lane.device_list, device);
+  lane.host_list = nullptr;
+  lane.device_list = nullptr;
+  lane.capacity = 0;
+  size_t cap = 1024;
+  while (cap < entries) cap *= 2;
+  lane.host_list = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
+  lane.device_list = static_cast<gpu::CopySegment*>(gpu::DeviceAlloc(device, cap * sizeof(gpu::CopySegment)));
+  lane.capacity = cap;
+}
+
+void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
+                                uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read) {
+  const uint64_t piece = KernelPieceBytes(total, dc.resident_groups);
+  // Few pieces travel in the launch parameters: no list upload at all.
+  if (segs.size() <= gpu::kInlineSegments) {
+    gpu::CopySegment inl[gpu::kInlineSegments];
+    uint32_t n = 0;
+    bool fits = true;
+    for (const Segment& s : segs) {
+      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+      for (uint64_t off = 0; off < s.size && fits; off += piece) {
+        if (n == gpu::kInlineSegments) fits = false;
+        else inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+      }
+    }
+    if (fits) {
+      gpu::LaunchInlineSegmentCopy(inl, n, lane.stream);
+      return;
+    }
+  }
+  GrowList(lane, segs.size() + total / piece + 1, dc.device);
+  // The pinned list may be rewritten only once its previous upload ran, the
+  // device list only once the previous kernels on this lane read it.
+  if (lane.list_pending) {
+    while (gpu::QueryEvent(lane.list_copied) == 0) std::this_thread::yield();
+    lane.list_pending = false;
+  }
+  gpu::StreamWaitEvent(lane.upload, lane.list_consumed);
+  // Chunks grow 4x from a small first one: the GPU starts after a few
+  // microseconds of host work, and later chunks are built while it copies.
+  constexpr size_t kFirstChunk = 1024;
+  size_t chunk = kFirstChunk, written = 0, launched = 0;
+  gpu::CopySegment* const host = lane.host_list;
+  auto flush = [&] {
+    const size_t n = written - launched;
+    gpu::CopyAsync(reinterpret_cast<uint64_t>(lane.device_list + launched),
+                   reinterpret_cast<uint64_t>(host + launched), n * sizeof(gpu::CopySegment), lane.upload);
+    gpu::RecordEvent(lane.chunk_uploaded, lane.upload);
+    gpu::StreamWaitEvent(lane.stream, lane.chunk_uploaded);
+    gpu::LaunchSegmentCopy(lane.device_list + launched, static_cast<uint32_t>(n), lane.stream);
+    launched = written;
+    chunk *= 4;
+  };
+  for (const Segment& s : segs) {
+    const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+    const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+    if (s.size <= piece) {
+      host[written++] = {d, r, s.size};
+    } else {
+      for (uint64_t off = 0; off < s.size; off += piece) host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+    }
+    if (written - launched >= chunk) flush();
+  }
+  if (written > launched) flush();
+  gpu::RecordEvent(lane.list_copied, lane.upload);
+  gpu::RecordEvent(lane.list_consumed, lane.stream);
+  lane.list_pending = true;
+}
+
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
   const StatusPtr status = op.status;
   auto pending = std::make_shared<PendingCopy>();
@@ -125,50 +216,26 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
   }
   const int dev = op.local->desc.device_id;
   pending->device = dev;
-  const std::vector<Segment> segs = MergeContiguous(op.segs);
-  std::vector<gpu::CopySegment> copies;
-  copies.reserve(segs.size());
-  uint64_t total = 0;
+  std::vector<Segment>& segs = op.segs;
+  MergeContiguousInPlace(&segs);
+  const uint64_t total = TotalBytes(segs);
   const uint64_t local_base = op.local->desc.data;
-  for (const auto& s : segs) {
-    const uint64_t l = local_base + s.local_off, r = remote_base + s.remote_off;
-    copies.push_back(op.is_read ? gpu::CopySegment{l, r, s.size} : gpu::CopySegment{r, l, s.size});
-    total += s.size;
-  }
+  const uint64_t dst_base = op.is_read ? local_base : remote_base;
+  const uint64_t src_base = op.is_read ? remote_base : local_base;
   try {
     DeviceContext& dc = Device(dev);
     DeviceContext::Lane& lane = *dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()];
     std::lock_guard<std::mutex> lk(lane.mu);
     gpu::SetDevice(dev);
-    const bool use_kernel = copies.size() >= static_cast<size_t>(cfg_.kernel_min_segments) &&
-                            total / copies.size() < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+    const bool use_kernel = !segs.empty() && segs.size() >= static_cast<size_t>(cfg_.kernel_min_segments) &&
+                            total / segs.size() < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
     if (use_kernel) {
-      // The pinned list may be rewritten only once its previous upload ran.
-      if (lane.list_pending) {
-        while (gpu::QueryEvent(lane.list_copied) == 0) std::this_thread::yield();
-        lane.list_pending = false;
-      }
-      if (lane.capacity < copies.size()) {
-        gpu::SynchronizeStream(lane.stream);  // the old device list may still be read
-        gpu::PinnedFree(lane.host_list, lane.capacity * sizeof(gpu::CopySegment));
-        gpu::DeviceFree(lane.device_list, dev);
-        lane.host_list = nullptr;
-        lane.device_list = nullptr;
-        lane.capacity = 0;
-        size_t cap = 1024;
-        while (cap < copies.size()) cap *= 2;
-        lane.host_list = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
-        lane.device_list = static_cast<gpu::CopySegment*>(gpu::DeviceAlloc(dev, cap * sizeof(gpu::CopySegment)));
-        lane.capacity = cap;
-      }
-      std::memcpy(lane.host_list, copies.data(), copies.size() * sizeof(gpu::CopySegment));
-      gpu::CopyAsync(reinterpret_cast<uint64_t>(lane.device_list), reinterpret_cast<uint64_t>(lane.host_list),
-                     copies.size() * sizeof(gpu::CopySegment), lane.stream);
-      gpu::RecordEvent(lane.list_copied, lane.stream);
-      lane.list_pending = true;
-      gpu::LaunchSegmentCopy(lane.device_list, static_cast<uint32_t>(copies.size()), lane.stream);
+      EnqueueKernel(dc, lane, segs, total, dst_base, src_base, op.is_read);
     } else {
-      for (const auto& c : copies) gpu::CopyAsync(c.dst, c.src, c.bytes, lane.stream);
+      for (const auto& s : segs) {
+        gpu::CopyAsync(dst_base + (op.is_read ? s.local_off : s.remote_off),
+                       src_base + (op.is_read ? s.remote_off : s.local_off), s.size, lane.stream);
+      }
     }
     pending->event = TakeEvent(dev);
     gpu::RecordEvent(pending->event, lane.stream);
@@ -229,6 +296,7 @@ void XgmiBackend::Shutdown() {
     for (auto& lane : kv.second->lanes) {
       try {
         gpu::SynchronizeStream(lane->stream);
+        gpu::SynchronizeStream(lane->upload);
       } catch (const Error& e) {
         MORI_LOG(Error, "XGMI shutdown: " << e.what());
       }
@@ -249,7 +317,10 @@ void XgmiBackend::Shutdown() {
       gpu::PinnedFree(lane->host_list, lane->capacity * sizeof(gpu::CopySegment));
       gpu::DeviceFree(lane->device_list, kv.first);
       gpu::DestroyEvent(lane->list_copied, kv.first);
+      gpu::DestroyEvent(lane->list_consumed, kv.first);
+      gpu::DestroyEvent(lane->chunk_uploaded, kv.first);
       gpu::DestroyStream(lane->stream, kv.first);
+      gpu::DestroyStream(lane->upload, kv.first);
     }
   }
   std::lock_guard<std::mutex> ek(event_mu_);

@@ -39,19 +39,24 @@ struct XgmiConfig {
 class XgmiBackend;
 struct PendingCopy;
 
-// Per-device resources: a stream pool and, per stream, a staging area for
-// kernel segment lists.
+// Per-device resources: a pool of lanes, each a copy stream with a staging
+// area for kernel segment lists and its own upload stream, so that the list
+// of chunk k+1 uploads while chunk k's kernel runs.
 struct DeviceContext {
   struct Lane {
-    gpu::Stream stream = nullptr;
+    gpu::Stream stream = nullptr;  // copies and kernels
+    gpu::Stream upload = nullptr;  // segment-list uploads
     std::mutex mu;  // one submitter at a time per lane
     gpu::CopySegment* host_list = nullptr;   // pinned
     gpu::CopySegment* device_list = nullptr;
     size_t capacity = 0;
-    gpu::Event list_copied = nullptr;  // host_list may be rewritten once this fired
+    gpu::Event list_copied = nullptr;     // host_list may be rewritten once this fired
+    gpu::Event list_consumed = nullptr;   // device_list may be rewritten once this fired
+    gpu::Event chunk_uploaded = nullptr;  // the copy stream waits on it per chunk
     bool list_pending = false;
   };
   int device = -1;
+  uint32_t resident_groups = 1;  // segment-copy thread groups that run at once
   std::vector<std::unique_ptr<Lane>> lanes;
   std::atomic<uint64_t> next{0};
 };
@@ -92,11 +97,18 @@ class XgmiBackend : public Backend {
 
   // Runs the copies of one transfer and tracks its completion.
   void Run(TransferOp op, uint64_t remote_base);
+  // Largest piece one thread group of the copy kernel takes: segments are
+  // cut so that a batch of few large segments still fills the device.
+  static uint64_t KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups);
   const BackendContext& ctx() const { return ctx_; }
   bool shut_down() const { return shut_.load(); }
 
  private:
   DeviceContext& Device(int device);
+  // Enqueues the copy kernel(s) for `segs` (merged, non-empty) on `lane`.
+  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
+                     uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read);
+  void GrowList(DeviceContext::Lane& lane, size_t entries, int device);
   gpu::Event TakeEvent(int device);
   void ReturnEvent(gpu::Event e, int device);
   void CompletionLoop();
