@@ -12,6 +12,7 @@
 #if MORI_WITH_GPU
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "gpu/vendor.h"
@@ -187,10 +188,17 @@ void SetDevice(int device) { Check(gpuSetDevice(device), "SetDevice"); }
 
 void EnablePeerAccess(int device, int peer) {
   if (device == peer) return;
+  // Called per transfer: remember enabled pairs instead of asking the driver
+  // (two runtime calls and a SetDevice) every time.
+  constexpr int kMax = 64;
+  static std::atomic<bool> enabled[kMax][kMax];
+  const bool cacheable = device >= 0 && device < kMax && peer >= 0 && peer < kMax;
+  if (cacheable && enabled[device][peer].load(std::memory_order_acquire)) return;
   SetDevice(device);
   gpuError_t e = gpuDeviceEnablePeerAccess(peer, 0);
   if (e != gpuSuccess && e != gpuErrorPeerAccessAlreadyEnabled) Check(e, "DeviceEnablePeerAccess");
   (void)gpuGetLastError();
+  if (cacheable) enabled[device][peer].store(true, std::memory_order_release);
 }
 
 int CurrentDevice() {
