@@ -147,23 +147,28 @@ class Bench:
                                      machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
 
     def latency(self, sess, label, n=3000, use_wait=False, raw=False):
-        """4 KiB write, call to Succeeded() (or to the end of Wait())."""
-        lat = []
+        """4 KiB write, call to Succeeded() (or to the end of Wait()); also
+        the part spent in the submitting call alone."""
+        lat, sub = [], []
         write = sess._s.write if raw else sess.write
         for i in range(n):
             t0 = time.perf_counter()
             st = write(0, 0, 4096, 1)
+            t1 = time.perf_counter()
             if use_wait:
                 st.Wait()
             else:
                 while not st.Succeeded():
                     pass
             lat.append((time.perf_counter() - t0) * 1e6)
+            sub.append((t1 - t0) * 1e6)
         p50, p99 = percentiles(lat[200:])
-        print(f"4 KiB write latency, {label}: p50 {p50:.1f} us, p99 {p99:.1f} us", flush=True)
+        s50, s99 = percentiles(sub[200:])
+        print(f"4 KiB write latency, {label}: p50 {p50:.1f} us, p99 {p99:.1f} us (the call itself: p50 {s50:.1f} us,"
+              f" p99 {s99:.1f} us)", flush=True)
         self.records.append(dict(backend="xgmi", op="write", mem="gpu", segment_bytes=4096, segments=1,
-                                 metric="latency", variant=label, p50_us=p50, p99_us=p99, machine=self.machine,
-                                 devices=f"{self.src_dev}->{self.dst_dev}"))
+                                 metric="latency", variant=label, p50_us=p50, p99_us=p99, submit_p50_us=s50,
+                                 submit_p99_us=s99, machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
         return p50
 
     def call_cost(self, label, fn, n=20000):
@@ -187,10 +192,6 @@ class Bench:
         self.call_cost("TorchScript method call, no work (Session.alive)", nat.alive)
         self.call_cost("same, method fetched each time", lambda: nat.alive())
         self.call_cost("io.py Succeeded() on a finished status", done.Succeeded)
-        self.call_cost("submit only: io.py session.write (copy engines)", lambda: sess.write(0, 0, 4096, 1))
-        torch.cuda.synchronize()
-        self.call_cost("submit only: io.py session.write (kernel)", lambda: kernel_sess.write(0, 0, 4096, 1))
-        torch.cuda.synchronize()
         # torch's own 4 KiB copy between the same devices, polled by an event.
         ev = torch.cuda.Event()
         lat = []
@@ -213,6 +214,7 @@ class Bench:
         counts = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 16384)
         sizes = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
         print("grid: GB/s kernel / copy engines (write, one batch, submit to Wait)")
+        cells = {}
         for seg in sizes:
             for count in counts:
                 if seg * count > self.n:
@@ -224,9 +226,31 @@ class Bench:
                         sess.batch_write(lo, ro, sz, 1).Wait()
                     res[path] = self.record("write", seg, count, cuda_time(run, iters), self.base_1g, case="grid",
                                             path=path, vs="copy_ of the buffer")["gbps"]
+                cells[(seg, count)] = {p: seg * count / g for p, g in res.items()}  # seconds x 1e9
                 print(f"  {seg >> 10:>5} KiB x {count:>6}: kernel {res['kernel']:7.1f}  copy engines "
                       f"{res['copy engines']:7.1f}  -> {'kernel' if res['kernel'] >= res['copy engines'] else 'CE'}",
                       flush=True)
+
+        self.suggest_thresholds(cells, counts, sizes)
+
+    def suggest_thresholds(self, cells, counts, sizes):
+        """The (kernel_min_segments, kernel_max_avg_bytes) whose choices lose
+        least against the faster path of every grid cell (mean slowdown)."""
+        def loss(min_segs, max_avg):
+            total = 0.0
+            for (seg, count), t in cells.items():
+                path = "kernel" if count >= min_segs and seg < max_avg else "copy engines"
+                total += t[path] / min(t.values())
+            return total / len(cells)
+        cands = [(loss(m, a), m, a) for m in counts for a in list(sizes[1:]) + [1 << 40]]
+        best = min(cands)
+        defaults = XgmiBackendConfig()
+        now = loss(defaults.kernel_min_segments, defaults.kernel_max_avg_bytes)
+        print(f"suggested: kernel_min_segments={best[1]} kernel_max_avg_bytes={best[2]} (mean slowdown vs the "
+              f"faster path per cell {best[0]:.3f}; current defaults {now:.3f})")
+        self.records.append(dict(backend="xgmi", metric="suggested_thresholds", kernel_min_segments=best[1],
+                                 kernel_max_avg_bytes=best[2], mean_slowdown=best[0], defaults_slowdown=now,
+                                 machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
 
     def shutdown(self):
         for e in self.engines:

@@ -87,9 +87,6 @@ DeviceContext& XgmiBackend::Device(int device) {
       auto lane = std::make_unique<DeviceContext::Lane>();
       lane->stream = gpu::CreateStream(device);
       lane->upload = gpu::CreateStream(device);
-      lane->list_copied = gpu::CreateEvent(device);
-      lane->list_consumed = gpu::CreateEvent(device);
-      lane->chunk_uploaded = gpu::CreateEvent(device);
       fresh->lanes.push_back(std::move(lane));
     }
     std::lock_guard<std::mutex> ek(event_mu_);
@@ -126,22 +123,72 @@ uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes, uint32_t resident_g
   return std::max(kUnit, (want + kUnit - 1) / kUnit * kUnit);
 }
 
-void XgmiBackend::GrowList(DeviceContext::Lane& lane, size_t entries, int device) {
-  if (lane.capacity >= entries) return;
-  // The old lists may still be uploaded or read.
-  gpu::SynchronizeStream(lane.upload);
-  gpu::SynchronizeStream(lane.stream);
-  lane.list_pending = false;
-  gpu::PinnedFree(lane.host_list, lane.capacity * sizeof(gpu::CopySegment));
-  gpu::DeviceFree(lane.device_list, device);
-  lane.host_list = nullptr;
-  lane.device_list = nullptr;
-  lane.capacity = 0;
-  size_t cap = 1024;
-  while (cap < entries) cap *= 2;
-  lane.host_list = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
-  lane.device_list = static_cast<gpu::CopySegment*>(gpu::DeviceAlloc(device, cap * sizeof(gpu::CopySegment)));
-  lane.capacity = cap;
+std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext& dc, size_t entries) {
+  std::unique_ptr<SegmentList> list;
+  {
+    std::lock_guard<std::mutex> lk(dc.lists_mu);
+    auto& idle = dc.idle_lists;
+    const bool front_ready = !idle.empty() && idle.front()->capacity >= entries &&
+                             gpu::QueryEvent(idle.front()->copied) == 1 &&
+                             gpu::QueryEvent(idle.front()->consumed) == 1;
+    if (front_ready || (!idle.empty() && dc.list_count >= static_cast<size_t>(cfg_.num_streams))) {
+      list = std::move(idle.front());
+      idle.pop_front();
+    } else {
+      ++dc.list_count;
+    }
+  }
+  if (!list) {
+    list = std::make_unique<SegmentList>();
+    try {
+      list->copied = gpu::CreateEvent(dc.device);
+      list->consumed = gpu::CreateEvent(dc.device);
+      list->chunk_uploaded = gpu::CreateEvent(dc.device);
+    } catch (...) {
+      FreeList(*list, dc.device);
+      std::lock_guard<std::mutex> lk(dc.lists_mu);
+      --dc.list_count;
+      throw;
+    }
+  }
+  if (list->capacity < entries) {
+    // The old arrays may still be uploaded or read.
+    while (gpu::QueryEvent(list->copied) == 0 || gpu::QueryEvent(list->consumed) == 0) std::this_thread::yield();
+    gpu::PinnedFree(list->host, list->capacity * sizeof(gpu::CopySegment));
+    gpu::DeviceFree(list->device, dc.device);
+    list->host = nullptr;
+    list->device = nullptr;
+    list->capacity = 0;
+    size_t cap = 1024;
+    while (cap < entries) cap *= 2;
+    try {
+      list->host = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
+      list->device = static_cast<gpu::CopySegment*>(gpu::DeviceAlloc(dc.device, cap * sizeof(gpu::CopySegment)));
+    } catch (...) {
+      gpu::PinnedFree(list->host, cap * sizeof(gpu::CopySegment));
+      list->host = nullptr;
+      ReturnList(dc, std::move(list));
+      throw;
+    }
+    list->capacity = cap;
+  } else {
+    // Reused: the host half may be rewritten once its last upload ran.
+    while (gpu::QueryEvent(list->copied) == 0) std::this_thread::yield();
+  }
+  return list;
+}
+
+void XgmiBackend::ReturnList(DeviceContext& dc, std::unique_ptr<SegmentList> list) {
+  std::lock_guard<std::mutex> lk(dc.lists_mu);
+  dc.idle_lists.push_back(std::move(list));
+}
+
+void XgmiBackend::FreeList(SegmentList& list, int device) {
+  gpu::PinnedFree(list.host, list.capacity * sizeof(gpu::CopySegment));
+  gpu::DeviceFree(list.device, device);
+  for (gpu::Event e : {list.copied, list.consumed, list.chunk_uploaded}) {
+    if (e) gpu::DestroyEvent(e, device);
+  }
 }
 
 void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
@@ -165,43 +212,48 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
       return;
     }
   }
-  GrowList(lane, segs.size() + total / piece + 1, dc.device);
-  // The pinned list may be rewritten only once its previous upload ran, the
-  // device list only once the previous kernels on this lane read it.
-  if (lane.list_pending) {
-    while (gpu::QueryEvent(lane.list_copied) == 0) std::this_thread::yield();
-    lane.list_pending = false;
-  }
-  gpu::StreamWaitEvent(lane.upload, lane.list_consumed);
+  std::unique_ptr<SegmentList> list = TakeList(dc, segs.size() + total / piece + 1);
+  // The device half may be rewritten once the kernels that last read it ran.
+  gpu::StreamWaitEvent(lane.upload, list->consumed);
   // Chunks grow 4x from a small first one: the GPU starts after a few
   // microseconds of host work, and later chunks are built while it copies.
   constexpr size_t kFirstChunk = 1024;
   size_t chunk = kFirstChunk, written = 0, launched = 0;
-  gpu::CopySegment* const host = lane.host_list;
+  gpu::CopySegment* const host = list->host;
   auto flush = [&] {
     const size_t n = written - launched;
-    gpu::CopyAsync(reinterpret_cast<uint64_t>(lane.device_list + launched),
-                   reinterpret_cast<uint64_t>(host + launched), n * sizeof(gpu::CopySegment), lane.upload);
-    gpu::RecordEvent(lane.chunk_uploaded, lane.upload);
-    gpu::StreamWaitEvent(lane.stream, lane.chunk_uploaded);
-    gpu::LaunchSegmentCopy(lane.device_list + launched, static_cast<uint32_t>(n), lane.stream);
+    gpu::CopyAsync(reinterpret_cast<uint64_t>(list->device + launched), reinterpret_cast<uint64_t>(host + launched),
+                   n * sizeof(gpu::CopySegment), lane.upload);
+    gpu::RecordEvent(list->chunk_uploaded, lane.upload);
+    gpu::StreamWaitEvent(lane.stream, list->chunk_uploaded);
+    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n), lane.stream);
     launched = written;
     chunk *= 4;
   };
-  for (const Segment& s : segs) {
-    const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-    const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
-    if (s.size <= piece) {
-      host[written++] = {d, r, s.size};
-    } else {
-      for (uint64_t off = 0; off < s.size; off += piece) host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+  try {
+    for (const Segment& s : segs) {
+      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+      if (s.size <= piece) {
+        host[written++] = {d, r, s.size};
+      } else {
+        for (uint64_t off = 0; off < s.size; off += piece) {
+          host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+        }
+      }
+      if (written - launched >= chunk) flush();
     }
-    if (written - launched >= chunk) flush();
+    if (written > launched) flush();
+    gpu::RecordEvent(list->copied, lane.upload);
+    gpu::RecordEvent(list->consumed, lane.stream);
+  } catch (...) {
+    // Whatever was enqueued still reads the list: wait for it before reuse.
+    gpu::SynchronizeStream(lane.upload);
+    gpu::SynchronizeStream(lane.stream);
+    ReturnList(dc, std::move(list));
+    throw;
   }
-  if (written > launched) flush();
-  gpu::RecordEvent(lane.list_copied, lane.upload);
-  gpu::RecordEvent(lane.list_consumed, lane.stream);
-  lane.list_pending = true;
+  ReturnList(dc, std::move(list));
 }
 
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
@@ -313,12 +365,12 @@ void XgmiBackend::Shutdown() {
   pending_.clear();
   for (auto& p : peers_.TakeAll()) p->Close();
   for (auto& kv : devices_) {
+    {
+      std::lock_guard<std::mutex> ll(kv.second->lists_mu);
+      for (auto& list : kv.second->idle_lists) FreeList(*list, kv.first);
+      kv.second->idle_lists.clear();
+    }
     for (auto& lane : kv.second->lanes) {
-      gpu::PinnedFree(lane->host_list, lane->capacity * sizeof(gpu::CopySegment));
-      gpu::DeviceFree(lane->device_list, kv.first);
-      gpu::DestroyEvent(lane->list_copied, kv.first);
-      gpu::DestroyEvent(lane->list_consumed, kv.first);
-      gpu::DestroyEvent(lane->chunk_uploaded, kv.first);
       gpu::DestroyStream(lane->stream, kv.first);
       gpu::DestroyStream(lane->upload, kv.first);
     }

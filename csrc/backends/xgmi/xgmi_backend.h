@@ -39,26 +39,34 @@ struct XgmiConfig {
 class XgmiBackend;
 struct PendingCopy;
 
-// Per-device resources: a pool of lanes, each a copy stream with a staging
-// area for kernel segment lists and its own upload stream, so that the list
-// of chunk k+1 uploads while chunk k's kernel runs.
+// A kernel's segment list: staged in pinned host memory, uploaded to device
+// memory in chunks. Lists are pooled per device and reused by later
+// transfers; the events say when each half may be rewritten.
+struct SegmentList {
+  gpu::CopySegment* host = nullptr;  // pinned
+  gpu::CopySegment* device = nullptr;
+  size_t capacity = 0;
+  gpu::Event copied = nullptr;          // its last upload ran: host may be rewritten
+  gpu::Event consumed = nullptr;        // its last kernel ran: device may be rewritten
+  gpu::Event chunk_uploaded = nullptr;  // the copy stream waits on it per chunk
+};
+
+// Per-device resources: a pool of lanes (a copy stream plus an upload
+// stream, so that the list of chunk k+1 uploads while chunk k's kernel runs)
+// and a pool of segment lists (at most one per lane).
 struct DeviceContext {
   struct Lane {
     gpu::Stream stream = nullptr;  // copies and kernels
     gpu::Stream upload = nullptr;  // segment-list uploads
     std::mutex mu;  // one submitter at a time per lane
-    gpu::CopySegment* host_list = nullptr;   // pinned
-    gpu::CopySegment* device_list = nullptr;
-    size_t capacity = 0;
-    gpu::Event list_copied = nullptr;     // host_list may be rewritten once this fired
-    gpu::Event list_consumed = nullptr;   // device_list may be rewritten once this fired
-    gpu::Event chunk_uploaded = nullptr;  // the copy stream waits on it per chunk
-    bool list_pending = false;
   };
   int device = -1;
   uint32_t resident_groups = 1;  // segment-copy thread groups that run at once
   std::vector<std::unique_ptr<Lane>> lanes;
   std::atomic<uint64_t> next{0};
+  std::mutex lists_mu;
+  std::deque<std::unique_ptr<SegmentList>> idle_lists;  // oldest returned first
+  size_t list_count = 0;
 };
 
 class XgmiPeer : public BackendPeer {
@@ -108,7 +116,11 @@ class XgmiBackend : public Backend {
   // Enqueues the copy kernel(s) for `segs` (merged, non-empty) on `lane`.
   void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
                      uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read);
-  void GrowList(DeviceContext::Lane& lane, size_t entries, int device);
+  // A list of at least `entries` entries, preferably one the GPU is done
+  // with; new lists are made while fewer than num_streams exist.
+  std::unique_ptr<SegmentList> TakeList(DeviceContext& dc, size_t entries);
+  void ReturnList(DeviceContext& dc, std::unique_ptr<SegmentList> list);
+  void FreeList(SegmentList& list, int device);
   gpu::Event TakeEvent(int device);
   void ReturnEvent(gpu::Event e, int device);
   void CompletionLoop();
