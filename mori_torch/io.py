@@ -96,7 +96,7 @@ class XgmiBackendConfig:
     # least kernel_min_segments and average under kernel_max_avg_bytes goes
     # to the copy kernel, others to the copy engines (docs/BENCHMARK.md).
     kernel_min_segments: int = 4
-    kernel_max_avg_bytes: int = 1 << 20
+    kernel_max_avg_bytes: int = 8 << 20
 
 
 @dataclasses.dataclass

@@ -29,10 +29,12 @@ struct XgmiConfig {
   int64_t num_streams = 64;
   int64_t num_events = 64;
   // Batches with at least this many segments (after merging) use the copy
-  // kernel; fewer go to the copy engines. See docs/BENCHMARK.md.
+  // kernel; fewer go to the copy engines...
   int64_t kernel_min_segments = 4;
-  // ...unless their segments average at least this many bytes.
-  int64_t kernel_max_avg_bytes = 1 << 20;
+  // ...and so do batches whose segments average at least this many bytes.
+  // Both measured (kernel vs copy engines over count x size): see the XGMI
+  // section of docs/BENCHMARK.md and `benchmarks/bench_xgmi.py --grid`.
+  int64_t kernel_max_avg_bytes = 8 << 20;
   static XgmiConfig FromMap(const BackendConfig& m);
 };
 
