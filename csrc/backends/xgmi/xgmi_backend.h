@@ -140,6 +140,7 @@ class XgmiBackend : public Backend {
 
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
+  bool reaper_asleep_ = false;  // guarded by pending_mu_: Run wakes the completion thread only then
   std::deque<std::shared_ptr<PendingCopy>> pending_;
   std::thread completion_thread_;
 
