@@ -127,9 +127,12 @@ std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext& dc, size_t ent
   std::unique_ptr<SegmentList> list;
   {
     std::lock_guard<std::mutex> lk(dc.lists_mu);
+    // The list returned longest ago is taken if the GPU is done with it
+    // (grown below if too small); a new one only while it is still busy.
+    // Skipping a too-small idle list instead made a batch that outgrew the
+    // pool allocate a new list every time until num_streams lists existed.
     auto& idle = dc.idle_lists;
-    const bool front_ready = !idle.empty() && idle.front()->capacity >= entries &&
-                             gpu::QueryEvent(idle.front()->copied) == 1 &&
+    const bool front_ready = !idle.empty() && gpu::QueryEvent(idle.front()->copied) == 1 &&
                              gpu::QueryEvent(idle.front()->consumed) == 1;
     if (front_ready || (!idle.empty() && dc.list_count >= static_cast<size_t>(cfg_.num_streams))) {
       list = std::move(idle.front());

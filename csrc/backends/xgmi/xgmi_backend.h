@@ -118,8 +118,8 @@ class XgmiBackend : public Backend {
   // Enqueues the copy kernel(s) for `segs` (merged, non-empty) on `lane`.
   void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
                      uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read);
-  // A list of at least `entries` entries, preferably one the GPU is done
-  // with; new lists are made while fewer than num_streams exist.
+  // A list of at least `entries` entries: the oldest idle one when the GPU
+  // is done with it, else a new one while fewer than num_streams exist.
   std::unique_ptr<SegmentList> TakeList(DeviceContext& dc, size_t entries);
   void ReturnList(DeviceContext& dc, std::unique_ptr<SegmentList> list);
   void FreeList(SegmentList& list, int device);
