@@ -19,8 +19,18 @@ std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
 void MergeContiguousInPlace(std::vector<Segment>* segs) {
   Segment* v = segs->data();
   const size_t n = segs->size();
-  size_t kept = 0;  // v[0, kept) is the merged prefix
-  for (size_t i = 0; i < n; ++i) {
+  // Read-only scan up to the first entry that is empty or continues its
+  // predecessor: a batch of scattered pages is left untouched, no stores.
+  size_t i = 0;
+  if (n > 0 && v[0].size != 0) {
+    for (i = 1; i < n; ++i) {
+      const Segment& b = v[i - 1];
+      const Segment& s = v[i];
+      if (s.size == 0 || (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off)) break;
+    }
+  }
+  size_t kept = i;  // v[0, kept) is the merged prefix
+  for (; i < n; ++i) {
     const Segment s = v[i];
     if (s.size == 0) continue;
     if (kept > 0) {
