@@ -45,6 +45,20 @@ def cuda_time(fn, iters, warmup=3):
     return (time.perf_counter() - t0) / iters
 
 
+def median_time(fn, iters, warmup=3):
+    """Median seconds per call of fn (which must end its own work, e.g. with
+    Wait()): robust to the odd stall of a shared or virtual machine."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def percentiles(samples_us):
     s = sorted(samples_us)
     return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
@@ -209,7 +223,7 @@ class Bench:
 
     def grid(self):
         """Kernel vs copy engines, one batch per transfer, permuted pages."""
-        iters = max(3, self.args.iters // 2)
+        iters = max(5, self.args.iters // 2)
         kern, ce = self.session(**KERNEL_ALWAYS), self.session(**COPY_ENGINES_ALWAYS)
         counts = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 16384)
         sizes = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
@@ -224,8 +238,8 @@ class Bench:
                 for path, sess in (("kernel", kern), ("copy engines", ce)):
                     def run():
                         sess.batch_write(lo, ro, sz, 1).Wait()
-                    res[path] = self.record("write", seg, count, cuda_time(run, iters), self.base_1g, case="grid",
-                                            path=path, vs="copy_ of the buffer")["gbps"]
+                    res[path] = self.record("write", seg, count, median_time(run, iters), self.base_1g,
+                                            case="grid", path=path, vs="copy_ of the buffer", timing="median")["gbps"]
                 cells[(seg, count)] = {p: seg * count / g for p, g in res.items()}  # seconds x 1e9
                 print(f"  {seg >> 10:>5} KiB x {count:>6}: kernel {res['kernel']:7.1f}  copy engines "
                       f"{res['copy engines']:7.1f}  -> {'kernel' if res['kernel'] >= res['copy engines'] else 'CE'}",
