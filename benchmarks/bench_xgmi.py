@@ -1,12 +1,22 @@
-"""GPU-peer (XGMI backend) figures on two GPUs of one node, each against
-torch's copy_ between the same two devices measured in the same run.
+"""GPU-peer (XGMI backend) figures, each against torch's copy_ between the
+same two devices measured in the same run. Two GPUs: source on cuda:0,
+destination on cuda:1 (the issue's figures). One GPU, or --same-device: both
+on cuda:0, for tuning where only one GPU is at hand (HBM, not the link).
 
-    python benchmarks/bench_xgmi.py [--json PATH]
+    python benchmarks/bench_xgmi.py --json docs/results/xgmi_h200x2.json [--grid] [--latency-breakdown]
 
-Cases: single 64 MiB / 1 GiB read and write; one batch of 16,384 segments of
-4/16/64 KiB with permuted remote offsets (nothing merges); a 4 KiB transfer's
-latency from submit to Succeeded(); host time per segment to submit a
-16,384-segment session batch.
+Cases:
+- single 64 MiB / 1 GiB read and write;
+- one batch of 16,384 segments of 4/16/64 KiB, remote offsets permuted
+  (nothing merges), timed from the call to the end of Wait(); and the same
+  batches submitted `--depth` at a time (throughput with host work hidden);
+- host time per segment to submit a 16,384-segment session batch;
+- a 4 KiB write's latency, call to Succeeded() polled from Python, p50/p99;
+- --latency-breakdown: where that latency goes (TorchScript call cost, io.py
+  wrapper, submit alone, Wait() instead of polling, the kernel instead of the
+  copy engines, torch's own copy_ of 4 KiB);
+- --grid: kernel vs copy engines over segment count x segment size, the data
+  behind XgmiBackendConfig's kernel_min_segments / kernel_max_avg_bytes.
 """
 import argparse
 import json
@@ -19,8 +29,12 @@ import torch
 
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
 
+KERNEL_ALWAYS = dict(kernel_min_segments=1, kernel_max_avg_bytes=1 << 40)
+COPY_ENGINES_ALWAYS = dict(kernel_min_segments=1 << 30)
+
 
 def cuda_time(fn, iters, warmup=3):
+    """Mean seconds per call of fn, the device idle before and after."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -31,89 +45,256 @@ def cuda_time(fn, iters, warmup=3):
     return (time.perf_counter() - t0) / iters
 
 
+def median_time(fn, iters, warmup=3):
+    """Median seconds per call of fn (which must end its own work, e.g. with
+    Wait()): robust to the odd stall of a shared or virtual machine."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def percentiles(samples_us):
+    s = sorted(samples_us)
+    return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.src_dev = "cuda:0"
+        self.dst_dev = "cuda:0" if args.same_device or torch.cuda.device_count() < 2 else "cuda:1"
+        self.machine = f"{platform.node()} {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+        self.baseline = f"torch copy_ {self.src_dev}->{self.dst_dev}"
+        self.n = args.buffer_mib << 20
+        self.src = torch.randint(0, 256, (self.n,), dtype=torch.uint8, device=self.src_dev)
+        self.dst = torch.zeros(self.n, dtype=torch.uint8, device=self.dst_dev)
+        self.engines = []
+        self.records = []
+
+    def session(self, **cfg):
+        """A fresh engine pair with XgmiBackendConfig(**cfg) and its session."""
+        tag = len(self.engines)
+        a = IOEngine(f"bench-a{tag}", IOEngineConfig("127.0.0.1", 0))
+        b = IOEngine(f"bench-b{tag}", IOEngineConfig("127.0.0.1", 0))
+        for e in (a, b):
+            e.create_backend(BackendType.XGMI, XgmiBackendConfig(**cfg))
+        a.register_remote_engine(b.get_engine_desc())
+        self.engines += [a, b]
+        ld = a.register_torch_tensor(self.src)
+        rd = MemoryDesc.unpack(b.register_torch_tensor(self.dst).pack())
+        return a.create_session(ld, rd)
+
+    def record(self, op, seg, segs, t, base_gbps, **extra):
+        total = seg * segs
+        r = dict(backend="xgmi", op=op, mem="gpu", segment_bytes=seg, segments=segs, gbps=total / t / 1e9,
+                 baseline=self.baseline, baseline_gbps=base_gbps, machine=self.machine,
+                 devices=f"{self.src_dev}->{self.dst_dev}", **extra)
+        r["ratio"] = r["gbps"] / base_gbps
+        r["baseline_label"] = f"{self.baseline}" + (f", {extra['vs']}" if "vs" in extra else ", same bytes")
+        self.records.append(r)
+        print(f"{op:5} seg {seg:>11} x {segs:>6}: {r['gbps']:8.1f} GB/s  baseline {base_gbps:8.1f}"
+              f"  ratio {r['ratio']:.3f} {extra}", flush=True)
+        return r
+
+    def copy_gbps(self, size):
+        t = cuda_time(lambda: self.dst[:size].copy_(self.src[:size], non_blocking=True), self.args.iters)
+        return size / t / 1e9
+
+    def permuted(self, seg, count, seed):
+        lo = torch.arange(count, dtype=torch.int64) * seg
+        ro = torch.tensor(random.Random(seed).sample(range(self.n // seg), count), dtype=torch.int64) * seg
+        return lo, ro, torch.full((count,), seg, dtype=torch.int64)
+
+    # ------------------------------------------------------------------
+    def single_and_batches(self, sess):
+        iters = self.args.iters
+        for size in (64 << 20, 1 << 30):
+            if size > self.n:
+                continue
+            base = self.copy_gbps(size)
+            for op in ("write", "read"):
+                def run():
+                    getattr(sess, op)(0, 0, size, 1).Wait()
+                self.record(op, size, 1, cuda_time(run, iters), base, case="single")
+        base_1g = self.copy_gbps(self.n)
+        self.base_1g = base_1g
+        for seg in (4 << 10, 16 << 10, 64 << 10):
+            count = min(16384, self.n // seg)
+            lo, ro, sizes = self.permuted(seg, count, seg)
+            for op in ("write", "read"):
+                fn = getattr(sess, f"batch_{op}")
+
+                def one():
+                    fn(lo, ro, sizes, 1).Wait()
+
+                def deep():
+                    for st in [fn(lo, ro, sizes, 1) for _ in range(self.args.depth)]:
+                        st.Wait()
+                self.record(op, seg, count, cuda_time(one, iters), base_1g, case="batch", vs="copy_ of the buffer")
+                t = cuda_time(deep, max(2, iters // self.args.depth)) / self.args.depth
+                self.record(op, seg, count, t, base_1g, case=f"batch, {self.args.depth} in flight",
+                            vs="copy_ of the buffer")
+
+    def submit_cost(self, sess):
+        count = 16384
+        lo = [i * 4096 for i in range(count)]
+        ro = [s * 4096 for s in random.Random(1).sample(range(self.n // 4096), count)]
+        sizes = [4096] * count
+        for form, args3 in (("lists", (lo, ro, sizes)),
+                            ("tensors", (torch.tensor(lo), torch.tensor(ro), torch.tensor(sizes)))):
+            times = []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                st = sess.batch_write(*args3, 1)
+                times.append(time.perf_counter() - t0)
+                st.Wait()
+            per_seg_ns = statistics.median(times[5:]) / count * 1e9
+            print(f"submit host time per segment (16,384-segment session batch, {form}): {per_seg_ns:.1f} ns")
+            self.records.append(dict(backend="xgmi", op="write", mem="gpu", segment_bytes=4096, segments=count,
+                                     metric=f"submit_ns_per_segment_{form}", value=per_seg_ns,
+                                     machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
+
+    def latency(self, sess, label, n=3000, use_wait=False, raw=False):
+        """4 KiB write, call to Succeeded() (or to the end of Wait()); also
+        the part spent in the submitting call alone."""
+        lat, sub = [], []
+        write = sess._s.write if raw else sess.write
+        for i in range(n):
+            t0 = time.perf_counter()
+            st = write(0, 0, 4096, 1)
+            t1 = time.perf_counter()
+            if use_wait:
+                st.Wait()
+            else:
+                while not st.Succeeded():
+                    pass
+            lat.append((time.perf_counter() - t0) * 1e6)
+            sub.append((t1 - t0) * 1e6)
+        p50, p99 = percentiles(lat[200:])
+        s50, s99 = percentiles(sub[200:])
+        print(f"4 KiB write latency, {label}: p50 {p50:.1f} us, p99 {p99:.1f} us (the call itself: p50 {s50:.1f} us,"
+              f" p99 {s99:.1f} us)", flush=True)
+        self.records.append(dict(backend="xgmi", op="write", mem="gpu", segment_bytes=4096, segments=1,
+                                 metric="latency", variant=label, p50_us=p50, p99_us=p99, submit_p50_us=s50,
+                                 submit_p99_us=s99, machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
+        return p50
+
+    def call_cost(self, label, fn, n=20000):
+        for _ in range(500):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        us = (time.perf_counter() - t0) / n * 1e6
+        print(f"  {label}: {us:.2f} us", flush=True)
+        self.records.append(dict(backend="xgmi", metric="call_us", variant=label, value=us, machine=self.machine))
+
+    def latency_breakdown(self, sess, kernel_sess):
+        self.latency(kernel_sess, "kernel for single segments (kernel_min_segments=1)")
+        self.latency(sess, "Wait() instead of polling", use_wait=True)
+        self.latency(sess, "native TorchScript objects, no io.py", raw=True)
+        nat = sess._s
+        done = sess.write(0, 0, 4096, 1)
+        done.Wait()
+        print("call costs:")
+        self.call_cost("TorchScript method call, no work (Session.alive)", nat.alive)
+        self.call_cost("same, method fetched each time", lambda: nat.alive())
+        self.call_cost("io.py Succeeded() on a finished status", done.Succeeded)
+        # torch's own 4 KiB copy between the same devices, polled by an event.
+        ev = torch.cuda.Event()
+        lat = []
+        for _ in range(3000):
+            t0 = time.perf_counter()
+            self.dst[:4096].copy_(self.src[:4096], non_blocking=True)
+            ev.record()
+            while not ev.query():
+                pass
+            lat.append((time.perf_counter() - t0) * 1e6)
+        p50, p99 = percentiles(lat[200:])
+        print(f"torch copy_ of 4 KiB + event poll: p50 {p50:.1f} us, p99 {p99:.1f} us")
+        self.records.append(dict(backend="torch", op="copy_", segment_bytes=4096, segments=1, metric="latency",
+                                 variant="torch copy_ + event poll", p50_us=p50, p99_us=p99, machine=self.machine))
+
+    def grid(self):
+        """Kernel vs copy engines, one batch per transfer, permuted pages."""
+        iters = max(5, self.args.iters // 2)
+        kern, ce = self.session(**KERNEL_ALWAYS), self.session(**COPY_ENGINES_ALWAYS)
+        counts = (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096, 16384)
+        sizes = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+        print("grid: GB/s kernel / copy engines (write, one batch, submit to Wait)")
+        cells = {}
+        for seg in sizes:
+            for count in counts:
+                if seg * count > self.n:
+                    continue
+                lo, ro, sz = self.permuted(seg, count, seg + count)
+                res = {}
+                for path, sess in (("kernel", kern), ("copy engines", ce)):
+                    def run():
+                        sess.batch_write(lo, ro, sz, 1).Wait()
+                    res[path] = self.record("write", seg, count, median_time(run, iters), self.base_1g,
+                                            case="grid", path=path, vs="copy_ of the buffer", timing="median")["gbps"]
+                cells[(seg, count)] = {p: seg * count / g for p, g in res.items()}  # seconds x 1e9
+                print(f"  {seg >> 10:>5} KiB x {count:>6}: kernel {res['kernel']:7.1f}  copy engines "
+                      f"{res['copy engines']:7.1f}  -> {'kernel' if res['kernel'] >= res['copy engines'] else 'CE'}",
+                      flush=True)
+
+        self.suggest_thresholds(cells, counts, sizes)
+
+    def suggest_thresholds(self, cells, counts, sizes):
+        """The (kernel_min_segments, kernel_max_avg_bytes) whose choices lose
+        least against the faster path of every grid cell (mean slowdown)."""
+        def loss(min_segs, max_avg):
+            total = 0.0
+            for (seg, count), t in cells.items():
+                path = "kernel" if count >= min_segs and seg < max_avg else "copy engines"
+                total += t[path] / min(t.values())
+            return total / len(cells)
+        cands = [(loss(m, a), m, a) for m in counts for a in list(sizes[1:]) + [1 << 40]]
+        best = min(cands)
+        defaults = XgmiBackendConfig()
+        now = loss(defaults.kernel_min_segments, defaults.kernel_max_avg_bytes)
+        print(f"suggested: kernel_min_segments={best[1]} kernel_max_avg_bytes={best[2]} (mean slowdown vs the "
+              f"faster path per cell {best[0]:.3f}; current defaults {now:.3f})")
+        self.records.append(dict(backend="xgmi", metric="suggested_thresholds", kernel_min_segments=best[1],
+                                 kernel_max_avg_bytes=best[2], mean_slowdown=best[0], defaults_slowdown=now,
+                                 machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
+
+    def shutdown(self):
+        for e in self.engines:
+            e.shutdown()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--depth", type=int, default=4, help="batches in flight for the throughput case")
+    ap.add_argument("--buffer-mib", type=int, default=1024)
+    ap.add_argument("--same-device", action="store_true", help="both buffers on cuda:0 even with two GPUs")
+    ap.add_argument("--grid", action="store_true", help="kernel vs copy engines over count x size")
+    ap.add_argument("--latency-breakdown", action="store_true")
     args = ap.parse_args()
-    assert torch.cuda.device_count() >= 2, "needs two GPUs"
-    machine = f"{platform.node()} {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
-    a = IOEngine("bench-a", IOEngineConfig("127.0.0.1", 0))
-    b = IOEngine("bench-b", IOEngineConfig("127.0.0.1", 0))
-    for e in (a, b):
-        e.create_backend(BackendType.XGMI, XgmiBackendConfig())
-    a.register_remote_engine(b.get_engine_desc())
-    n = 1 << 30
-    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0")
-    dst = torch.zeros(n, dtype=torch.uint8, device="cuda:1")
-    ld = a.register_torch_tensor(src)
-    rd = MemoryDesc.unpack(b.register_torch_tensor(dst).pack())
-    sess = a.create_session(ld, rd)
-    records = []
-
-    def record(op, seg, segs, t, base_t, **extra):
-        total = seg * segs
-        r = dict(backend="xgmi", op=op, mem="gpu", segment_bytes=seg, segments=segs, gbps=total / t / 1e9,
-                 baseline="torch copy_ cuda:0->cuda:1", baseline_gbps=n / base_t / 1e9 if extra.pop("vs_1g", False)
-                 else total / base_t / 1e9, machine=machine, **extra)
-        r["ratio"] = r["gbps"] / r["baseline_gbps"]
-        records.append(r)
-        print(f"{op:5} seg {seg:>11} x {segs:>6}: {r['gbps']:8.1f} GB/s  baseline {r['baseline_gbps']:8.1f}"
-              f"  ratio {r['ratio']:.3f} {extra}")
-
-    for size in (64 << 20, 1 << 30):
-        base = cuda_time(lambda: dst[:size].copy_(src[:size], non_blocking=True), args.iters)
-        for op in ("write", "read"):
-            def run():
-                st = getattr(sess, op)(0, 0, size, 1)
-                st.Wait()
-            t = cuda_time(run, args.iters)
-            record(op, size, 1, t, base)
-    base_1g = cuda_time(lambda: dst.copy_(src, non_blocking=True), args.iters)
-    for seg in (4 << 10, 16 << 10, 64 << 10):
-        count = 16384
-        lo = torch.arange(count, dtype=torch.int64) * seg
-        ro = torch.tensor(random.Random(seg).sample(range(n // seg), count), dtype=torch.int64) * seg
-        sizes = torch.full((count,), seg, dtype=torch.int64)
-        for op in ("write", "read"):
-            def run():
-                getattr(sess, f"batch_{op}")(lo, ro, sizes, 1).Wait()
-            t = cuda_time(run, args.iters)
-            record(op, seg, count, t, base_1g, vs_1g=True)
-    # Submit cost per segment (host time of the batch call only).
-    lo = [i * 4096 for i in range(16384)]
-    ro = [s * 4096 for s in random.Random(1).sample(range(n // 4096), 16384)]
-    sizes = [4096] * 16384
-    for form, args3 in (("lists", (lo, ro, sizes)),
-                        ("tensors", (torch.tensor(lo), torch.tensor(ro), torch.tensor(sizes)))):
-        times = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            st = sess.batch_write(*args3, 1)
-            times.append(time.perf_counter() - t0)
-            st.Wait()
-        per_seg_ns = statistics.median(times) / 16384 * 1e9
-        print(f"submit host time per segment (16,384-segment session batch, {form}): {per_seg_ns:.1f} ns")
-        records.append(dict(backend="xgmi", op="write", mem="gpu", segment_bytes=4096, segments=16384,
-                            metric=f"submit_ns_per_segment_{form}", value=per_seg_ns, machine=machine))
-    # 4 KiB latency to Succeeded().
-    lat = []
-    for _ in range(2000):
-        t0 = time.perf_counter()
-        st = sess.write(0, 0, 4096, 1)
-        while not st.Succeeded():
-            pass
-        lat.append((time.perf_counter() - t0) * 1e6)
-    lat.sort()
-    p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
-    print(f"4 KiB write latency to Succeeded(): p50 {p50:.1f} us, p99 {p99:.1f} us")
-    records.append(dict(backend="xgmi", op="write", mem="gpu", segment_bytes=4096, segments=1, metric="latency",
-                        p50_us=p50, p99_us=p99, machine=machine))
+    bench = Bench(args)
+    print(f"{bench.machine}: {bench.src_dev} -> {bench.dst_dev}", flush=True)
+    sess = bench.session()
+    bench.single_and_batches(sess)
+    bench.submit_cost(sess)
+    bench.latency(sess, "io.py, default config")
+    if args.latency_breakdown:
+        bench.latency_breakdown(sess, bench.session(**KERNEL_ALWAYS))
+    if args.grid:
+        bench.grid()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-    a.shutdown()
-    b.shutdown()
+            json.dump(bench.records, f, indent=1)
+    bench.shutdown()
 
 
 if __name__ == "__main__":

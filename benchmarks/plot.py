@@ -1,8 +1,11 @@
 #!/usr/bin/env python
-"""Plots GB/s against segment size, engine vs socket baseline, from the JSON
-records of `python -m mori_torch.benchmark --all ... --json PATH`.
+"""Plots GB/s against segment size, engine vs baseline, from the JSON
+records of `python -m mori_torch.benchmark --all ... --json PATH` or of
+benchmarks/bench_xgmi.py (--where picks records, e.g. case=grid).
 
     python benchmarks/plot.py docs/results/tcp_cpu_sweep.json -o docs/results/tcp_cpu_sweep.png
+    python benchmarks/plot.py docs/results/xgmi_h200x1.json --where case=grid --where segments=16384 \
+        -o docs/results/xgmi_h200x1.png
 """
 import argparse
 import json
@@ -22,7 +25,10 @@ def main(argv=None) -> int:
     p.add_argument("json", nargs="+", help="benchmark JSON file(s)")
     p.add_argument("-o", "--output", default="tcp_cpu_sweep.png", help="PNG to write")
     p.add_argument("--title", default=None)
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="keep only records whose KEY prints as VALUE (repeatable)")
     args = p.parse_args(argv)
+    wanted = [w.split("=", 1) for w in args.where]
 
     import matplotlib
 
@@ -33,25 +39,28 @@ def main(argv=None) -> int:
     for path in args.json:
         with open(path) as f:
             records += json.load(f)
-    # One line per (op, segments, api, shuffle) series, engine and baseline.
+    records = [r for r in records if "gbps" in r and all(str(r.get(k)) == v for k, v in wanted)]
+    # One line per (op, segments, api, shuffle, path) series, engine and baseline.
     series = defaultdict(list)
     for r in records:
-        key = (r["op"], r["segments"], "session" if r.get("sess") else "engine", bool(r.get("shuffle")))
+        api = "session" if r.get("sess") else ("engine" if r["backend"] == "tcp" else None)
+        key = (r["op"], r["segments"], api, bool(r.get("shuffle")), r.get("path"))
         series[key].append(r)
     if not series:
         print("no records", file=sys.stderr)
         return 1
 
     fig, (ax, rax) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-    for (op, nseg, api, shuffle), rs in sorted(series.items()):
+    for (op, nseg, api, shuffle, path), rs in sorted(series.items(), key=lambda kv: str(kv[0])):
         rs.sort(key=lambda r: r["segment_bytes"])
         x = [r["segment_bytes"] for r in rs]
-        label = f"{op}, {nseg} seg/transfer, {api}" + (", shuffled" if shuffle else "")
+        label = ", ".join(str(p) for p in (op, f"{nseg} seg/transfer", api, path) if p is not None)
+        label += ", shuffled" if shuffle else ""
         (line,) = ax.plot(x, [r["gbps"] for r in rs], "o-", label=f"mori_torch ({label})")
         base = [r for r in rs if r.get("baseline_gbps")]
         if base:
             ax.plot([r["segment_bytes"] for r in base], [r["baseline_gbps"] for r in base], "s--",
-                    color=line.get_color(), alpha=0.6, label="socket loopback baseline, same bytes")
+                    color=line.get_color(), alpha=0.6, label=base[0].get("baseline_label", "socket loopback baseline, same bytes"))
             rax.plot([r["segment_bytes"] for r in base], [r["ratio"] for r in base], "o-", color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -68,7 +77,7 @@ def main(argv=None) -> int:
     r0 = records[0]
     title = args.title or (
         f"mori_torch {r0['backend']} {r0['mem']}: two processes on one machine "
-        f"(num_data_conns={r0['num_data_conns']})\n{r0['machine']}"
+        f"(num_data_conns={r0.get('num_data_conns')})\n{r0['machine']}"
     )
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)

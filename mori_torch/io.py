@@ -10,7 +10,6 @@ the import::
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
 import enum
 import operator
@@ -93,6 +92,11 @@ class RdmaBackendConfig:
 class XgmiBackendConfig:
     num_streams: int = 64
     num_events: int = 64
+    # Extensions (not in MORI-IO): a transfer whose merged segments number at
+    # least kernel_min_segments and average under kernel_max_avg_bytes goes
+    # to the copy kernel, others to the copy engines (docs/BENCHMARK.md).
+    kernel_min_segments: int = 4
+    kernel_max_avg_bytes: int = 8 << 20
 
 
 @dataclasses.dataclass
@@ -134,16 +138,20 @@ def _config_dict(config) -> Dict[str, int]:
     return out
 
 
-@contextlib.contextmanager
-def _typed_errors():
-    """Argument-type mismatches rejected by the TorchScript boundary become TypeError."""
-    try:
-        yield
-    except RuntimeError as e:
-        msg = str(e)
-        if "Expected a value of type" in msg or "Expected at most" in msg or "incompatible function arguments" in msg:
-            raise TypeError(msg.splitlines()[0]) from None
-        raise
+def _raise_if_type_error(e: RuntimeError) -> None:
+    """Argument-type mismatches rejected by the TorchScript boundary become TypeError.
+
+    Used as ``except RuntimeError as e: _raise_if_type_error(e); raise``: a
+    plain try costs nothing on the hot path, a context manager about a
+    microsecond per call.
+    """
+    msg = str(e)
+    if "Expected a value of type" in msg or "Expected at most" in msg or "incompatible function arguments" in msg:
+        raise TypeError(msg.splitlines()[0]) from None
+
+
+def _as_list(v) -> list:
+    return v if type(v) is list else list(v)
 
 
 def _index(name: str, v) -> int:
@@ -163,10 +171,13 @@ def set_log_level(level) -> None:
 class TransferStatus:
     """Status of one transfer; CamelCase methods as in MORI-IO."""
 
-    __slots__ = ("_s",)
+    # _succeeded: the native Succeeded method, fetched on the first poll
+    # (fetching a TorchScript method costs about as much as calling it).
+    __slots__ = ("_s", "_succeeded")
 
     def __init__(self, _native_status=None):
         self._s = _native_status if _native_status is not None else _native.TransferStatus()
+        self._succeeded = None
 
     def Code(self) -> StatusCode:
         return StatusCode(self._s.Code())
@@ -181,7 +192,10 @@ class TransferStatus:
         return self._s.InProgress()
 
     def Succeeded(self) -> bool:
-        return self._s.Succeeded()
+        f = self._succeeded
+        if f is None:
+            f = self._succeeded = self._s.Succeeded
+        return f()
 
     def Failed(self) -> bool:
         return self._s.Failed()
@@ -302,21 +316,31 @@ def _wrap_all(natives) -> List[TransferStatus]:
 class IOEngineSession:
     """Pins one (local, remote) memory pair to its backend; see IOEngine.create_session."""
 
-    __slots__ = ("_s",)
+    # Bound native methods of the single transfers, fetched once: fetching a
+    # TorchScript method costs about as much as calling it.
+    __slots__ = ("_s", "_read", "_write")
 
     def __init__(self, _native_session):
         self._s = _native_session
+        self._read = _native_session.read
+        self._write = _native_session.write
 
     def allocate_transfer_uid(self) -> int:
         return self._s.allocate_transfer_uid()
 
     def read(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
-        with _typed_errors():
-            return TransferStatus(self._s.read(local_offset, remote_offset, size, uid))
+        try:
+            return TransferStatus(self._read(local_offset, remote_offset, size, uid))
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
 
     def write(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
-        with _typed_errors():
-            return TransferStatus(self._s.write(local_offset, remote_offset, size, uid))
+        try:
+            return TransferStatus(self._write(local_offset, remote_offset, size, uid))
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
 
     def batch_read(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
         """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
@@ -329,10 +353,13 @@ class IOEngineSession:
 
     @staticmethod
     def _batch(from_lists, from_tensors, local_offsets, remote_offsets, sizes, uid):
-        with _typed_errors():
+        try:
             if isinstance(local_offsets, torch.Tensor):
                 return TransferStatus(from_tensors(local_offsets, remote_offsets, sizes, uid))
-            return TransferStatus(from_lists(list(local_offsets), list(remote_offsets), list(sizes), uid))
+            return TransferStatus(from_lists(_as_list(local_offsets), _as_list(remote_offsets), _as_list(sizes), uid))
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
 
     def alive(self) -> bool:
         return self._s.alive()
@@ -409,33 +436,42 @@ class IOEngine:
         return self._e.allocate_transfer_uid()
 
     def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid) -> TransferStatus:
-        with _typed_errors():
+        try:
             return TransferStatus(
                 self._e.read(
                     _check_desc("local_dest", local_dest, MemoryDesc), local_offset,
                     _check_desc("remote_src", remote_src, MemoryDesc), remote_offset, size, uid,
                 )
             )
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
 
     def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid) -> TransferStatus:
-        with _typed_errors():
+        try:
             return TransferStatus(
                 self._e.write(
                     _check_desc("local_src", local_src, MemoryDesc), local_offset,
                     _check_desc("remote_dest", remote_dest, MemoryDesc), remote_offset, size, uid,
                 )
             )
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
 
     def _batch(self, fn, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
         locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]
         remotes = [_check_desc("remote_descs[]", d, MemoryDesc) for d in remote_descs]
-        with _typed_errors():
+        try:
             return _wrap_all(
                 fn(
                     locals_, [list(x) for x in local_offsets], remotes, [list(x) for x in remote_offsets],
                     [list(x) for x in sizes], list(uids),
                 )
             )
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
 
     def batch_read(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
         return self._batch(self._e.batch_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)

@@ -11,20 +11,38 @@ uint64_t TotalBytes(const std::vector<Segment>& segs) {
 }
 
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
-  std::vector<Segment> out;
-  out.reserve(segs.size());
-  for (const auto& s : segs) {
+  std::vector<Segment> out = segs;
+  MergeContiguousInPlace(&out);
+  return out;
+}
+
+void MergeContiguousInPlace(std::vector<Segment>* segs) {
+  Segment* v = segs->data();
+  const size_t n = segs->size();
+  // Read-only scan up to the first entry that is empty or continues its
+  // predecessor: a batch of scattered pages is left untouched, no stores.
+  size_t i = 0;
+  if (n > 0 && v[0].size != 0) {
+    for (i = 1; i < n; ++i) {
+      const Segment& b = v[i - 1];
+      const Segment& s = v[i];
+      if (s.size == 0 || (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off)) break;
+    }
+  }
+  size_t kept = i;  // v[0, kept) is the merged prefix
+  for (; i < n; ++i) {
+    const Segment s = v[i];
     if (s.size == 0) continue;
-    if (!out.empty()) {
-      Segment& b = out.back();
+    if (kept > 0) {
+      Segment& b = v[kept - 1];
       if (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off) {
         b.size += s.size;
         continue;
       }
     }
-    out.push_back(s);
+    v[kept++] = s;
   }
-  return out;
+  segs->resize(kept);
 }
 
 std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, size_t parts) {

@@ -21,6 +21,8 @@ uint64_t TotalBytes(const std::vector<Segment>& segs);
 // Drops empty segments and merges neighbours that are contiguous on both
 // sides (order is kept: only adjacent entries merge).
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs);
+// The same, in place and in one O(n) pass (no sorting, no allocation).
+void MergeContiguousInPlace(std::vector<Segment>* segs);
 
 // Cuts `segs` into at most `parts` lists of nearly equal byte counts,
 // splitting segments where needed; never returns an empty list.

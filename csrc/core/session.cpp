@@ -4,8 +4,7 @@
 
 namespace mori_torch {
 
-StatusPtr Session::Submit(bool is_read, const std::vector<int64_t>& local_offsets,
-                          const std::vector<int64_t>& remote_offsets, const std::vector<int64_t>& sizes,
+StatusPtr Session::Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes,
                           TransferUid uid) {
   auto status = MakeStatus();
   if (local_->retired()) {
@@ -29,18 +28,17 @@ StatusPtr Session::Submit(bool is_read, const std::vector<int64_t>& local_offset
   return status;
 }
 
+// Single transfers pass their scalars as one-element spans: no allocation.
 StatusPtr Session::Read(int64_t lo, int64_t ro, int64_t size, TransferUid uid) {
-  return Submit(true, {lo}, {ro}, {size}, uid);
+  return Submit(true, {&lo, 1}, {&ro, 1}, {&size, 1}, uid);
 }
 StatusPtr Session::Write(int64_t lo, int64_t ro, int64_t size, TransferUid uid) {
-  return Submit(false, {lo}, {ro}, {size}, uid);
+  return Submit(false, {&lo, 1}, {&ro, 1}, {&size, 1}, uid);
 }
-StatusPtr Session::BatchRead(const std::vector<int64_t>& lo, const std::vector<int64_t>& ro,
-                             const std::vector<int64_t>& sizes, TransferUid uid) {
+StatusPtr Session::BatchRead(Int64Span lo, Int64Span ro, Int64Span sizes, TransferUid uid) {
   return Submit(true, lo, ro, sizes, uid);
 }
-StatusPtr Session::BatchWrite(const std::vector<int64_t>& lo, const std::vector<int64_t>& ro,
-                              const std::vector<int64_t>& sizes, TransferUid uid) {
+StatusPtr Session::BatchWrite(Int64Span lo, Int64Span ro, Int64Span sizes, TransferUid uid) {
   return Submit(false, lo, ro, sizes, uid);
 }
 

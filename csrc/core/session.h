@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/transfer_args.h"
 
 namespace mori_torch {
 
@@ -22,10 +23,10 @@ class Session {
 
   StatusPtr Read(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
   StatusPtr Write(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
-  StatusPtr BatchRead(const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
-                      const std::vector<int64_t>& sizes, TransferUid uid);
-  StatusPtr BatchWrite(const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
-                       const std::vector<int64_t>& sizes, TransferUid uid);
+  // Vectors convert to spans; callers holding int64 arrays (tensors) pass
+  // them without a copy.
+  StatusPtr BatchRead(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
+  StatusPtr BatchWrite(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
   bool Alive() const;
   TransferUid AllocateTransferUid() { return uids_->fetch_add(1, std::memory_order_relaxed); }
   BackendType backend_type() const { return backend_->Type(); }
@@ -33,8 +34,8 @@ class Session {
   const MemoryDesc& remote_desc() const { return remote_; }
 
  private:
-  StatusPtr Submit(bool is_read, const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
-                   const std::vector<int64_t>& sizes, TransferUid uid);
+  StatusPtr Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes,
+                   TransferUid uid);
 
   std::shared_ptr<LocalMemory> local_;
   MemoryDesc remote_;

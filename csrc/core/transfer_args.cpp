@@ -3,32 +3,55 @@
 #include "core/memory_registry.h"
 
 namespace mori_torch {
+namespace {
 
-StatusCode BuildSegments(const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
-                         const std::vector<int64_t>& sizes, const MemoryDesc& local, const MemoryDesc& remote,
-                         std::vector<Segment>* out, std::string* msg) {
-  const size_t n = sizes.size();
-  if (local_offsets.size() != n || remote_offsets.size() != n) {
-    *msg = "mismatched list lengths: local_offsets has " + std::to_string(local_offsets.size()) +
-           ", remote_offsets has " + std::to_string(remote_offsets.size()) + ", sizes has " + std::to_string(n);
-    return StatusCode::ERR_INVALID_ARGS;
-  }
-  out->clear();
-  out->reserve(n);
+// The message for the first bad segment (the fast pass found one).
+std::string DescribeFirstBadSegment(Int64Span lo_s, Int64Span ro_s, Int64Span sz_s, const MemoryDesc& local,
+                                    const MemoryDesc& remote) {
+  const size_t n = sz_s.size;
   for (size_t i = 0; i < n; ++i) {
-    const int64_t lo = local_offsets[i], ro = remote_offsets[i], sz = sizes[i];
+    const int64_t lo = lo_s.data[i], ro = ro_s.data[i], sz = sz_s.data[i];
     if (lo < 0 || ro < 0 || sz < 0) {
-      *msg = "negative value in segment " + std::to_string(i) + ": local_offset=" + std::to_string(lo) +
+      return "negative value in segment " + std::to_string(i) + ": local_offset=" + std::to_string(lo) +
              ", remote_offset=" + std::to_string(ro) + ", size=" + std::to_string(sz);
-      return StatusCode::ERR_INVALID_ARGS;
     }
     std::string e = CheckRange(local, static_cast<uint64_t>(lo), static_cast<uint64_t>(sz), "local");
     if (e.empty()) e = CheckRange(remote, static_cast<uint64_t>(ro), static_cast<uint64_t>(sz), "remote");
-    if (!e.empty()) {
-      *msg = (n > 1 ? "segment " + std::to_string(i) + ": " : std::string()) + e;
-      return StatusCode::ERR_INVALID_ARGS;
-    }
-    out->push_back({static_cast<uint64_t>(lo), static_cast<uint64_t>(ro), static_cast<uint64_t>(sz)});
+    if (!e.empty()) return (n > 1 ? "segment " + std::to_string(i) + ": " : std::string()) + e;
+  }
+  return "";
+}
+
+}  // namespace
+
+StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, const MemoryDesc& local,
+                         const MemoryDesc& remote, std::vector<Segment>* out, std::string* msg) {
+  const size_t n = sizes.size;
+  if (local_offsets.size != n || remote_offsets.size != n) {
+    *msg = "mismatched list lengths: local_offsets has " + std::to_string(local_offsets.size) +
+           ", remote_offsets has " + std::to_string(remote_offsets.size) + ", sizes has " + std::to_string(n);
+    return StatusCode::ERR_INVALID_ARGS;
+  }
+  out->resize(n);
+  Segment* o = out->data();
+  const int64_t* lo = local_offsets.data;
+  const int64_t* ro = remote_offsets.data;
+  const int64_t* sz = sizes.data;
+  const uint64_t lsize = local.size, rsize = remote.size;
+  // Branch-free: a negative value sets the top bit of `neg`; with all three
+  // non-negative (< 2^63) the sums cannot wrap, so `over` is exact.
+  uint64_t neg = 0;
+  bool over = false;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t l = static_cast<uint64_t>(lo[i]), r = static_cast<uint64_t>(ro[i]), s = static_cast<uint64_t>(sz[i]);
+    neg |= l | r | s;
+    over |= (l + s > lsize) | (r + s > rsize);
+    o[i] = {l, r, s};
+  }
+  if ((neg >> 63) != 0 || over) {
+    out->clear();
+    *msg = DescribeFirstBadSegment(local_offsets, remote_offsets, sizes, local, remote);
+    return StatusCode::ERR_INVALID_ARGS;
   }
   return StatusCode::SUCCESS;
 }

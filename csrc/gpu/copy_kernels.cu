@@ -1,5 +1,8 @@
 // Gather/scatter copy kernel: one launch moves a whole batch of segments
-// whose list lives in device memory, so many small KV pages cost one launch.
+// whose list lives in device memory (or, for a handful of segments, in the
+// launch's parameters), so many small KV pages cost one launch.
+#include <atomic>
+
 #include "core/types.h"
 #include "gpu/gpu_runtime.h"
 #include "gpu/vendor.h"
@@ -8,57 +11,142 @@ namespace mori_torch {
 namespace gpu {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr uint32_t kMaxBlocks = 16384;
+// A group of 32 threads copies one segment: a 4 KiB page is one pass of
+// 16-byte loads, and small segments do not leave most of a block idle (one
+// block per segment, as before, spent most of its time being scheduled).
+constexpr uint32_t kGroup = 32;
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kGroupsPerBlock = kThreads / kGroup;
+// 16-byte loads each thread keeps in flight before storing: peer reads over
+// NVLink/XGMI are latency-bound, so bytes in flight decide the bandwidth.
+constexpr uint32_t kUnroll = 8;
+constexpr int kMaxDevices = 64;
 
-// Each thread keeps kUnroll 16-byte loads in flight before storing: peer
-// reads over NVLink/XGMI are latency-bound, so one load per thread at a time
-// leaves most of the link idle.
-constexpr int kUnroll = 4;
+struct InlineSegments {
+  CopySegment segs[kInlineSegments];
+  uint32_t count;
+};
 
-__global__ void SegmentCopyKernel(const CopySegment* segs, uint32_t count) {
-  for (uint32_t i = blockIdx.x; i < count; i += gridDim.x) {
-    const CopySegment s = segs[i];
-    if (((s.dst | s.src | s.bytes) & 15) == 0) {  // 16-byte vectors when aligned
-      auto* d = reinterpret_cast<uint4*>(s.dst);
-      const auto* src = reinterpret_cast<const uint4*>(s.src);
-      const uint64_t n = s.bytes / 16;
-      const uint64_t stride = static_cast<uint64_t>(blockDim.x) * kUnroll;
-      uint64_t base = 0;
-      for (; base + stride <= n; base += stride) {
-        uint4 v[kUnroll];
+__device__ __forceinline__ void CopyBytes(uint64_t dst, uint64_t src, uint64_t bytes, uint32_t lane) {
+  auto* d = reinterpret_cast<unsigned char*>(dst);
+  const auto* s = reinterpret_cast<const unsigned char*>(src);
+  for (uint64_t k = lane; k < bytes; k += kGroup) d[k] = s[k];
+}
+
+// One group copies one segment. Source and destination with the same
+// alignment mod 16 move in 16-byte vectors (head and tail bytewise).
+__device__ __forceinline__ void CopySegmentByGroup(const CopySegment& seg, uint32_t lane) {
+  uint64_t dst = seg.dst, src = seg.src, bytes = seg.bytes;
+  if (((dst ^ src) & 15) != 0) {
+    CopyBytes(dst, src, bytes, lane);
+    return;
+  }
+  uint64_t head = (16 - (dst & 15)) & 15;
+  if (head > bytes) head = bytes;
+  CopyBytes(dst, src, head, lane);
+  dst += head;
+  src += head;
+  bytes -= head;
+  auto* d = reinterpret_cast<uint4*>(dst);
+  const auto* s = reinterpret_cast<const uint4*>(src);
+  const uint64_t n = bytes / 16;
+  constexpr uint64_t kStep = static_cast<uint64_t>(kGroup) * kUnroll;
+  uint64_t i = 0;
+  for (; i + kStep <= n; i += kStep) {
+    uint4 v[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = src[base + threadIdx.x + u * blockDim.x];
+    for (uint32_t u = 0; u < kUnroll; ++u) v[u] = s[i + lane + u * kGroup];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) d[base + threadIdx.x + u * blockDim.x] = v[u];
-      }
-      for (uint64_t k = base + threadIdx.x; k < n; k += blockDim.x) d[k] = src[k];
-    } else {
-      auto* d = reinterpret_cast<unsigned char*>(s.dst);
-      const auto* src = reinterpret_cast<const unsigned char*>(s.src);
-      for (uint64_t k = threadIdx.x; k < s.bytes; k += blockDim.x) d[k] = src[k];
+    for (uint32_t u = 0; u < kUnroll; ++u) d[i + lane + u * kGroup] = v[u];
+  }
+  if (i < n) {  // the rest, fewer than kStep vectors: still all loads first
+    uint4 v[kUnroll];
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      if (i + lane + u * kGroup < n) v[u] = s[i + lane + u * kGroup];
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      if (i + lane + u * kGroup < n) d[i + lane + u * kGroup] = v[u];
     }
   }
+  CopyBytes(dst + n * 16, src + n * 16, bytes & 15, lane);
+}
+
+__global__ void __launch_bounds__(kThreads) SegmentCopyKernel(const CopySegment* segs, uint32_t count) {
+  const uint32_t lane = threadIdx.x % kGroup;
+  const uint32_t stride = gridDim.x * kGroupsPerBlock;
+  for (uint32_t i = blockIdx.x * kGroupsPerBlock + threadIdx.x / kGroup; i < count; i += stride) {
+    CopySegmentByGroup(segs[i], lane);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) InlineSegmentCopyKernel(InlineSegments list) {
+  const uint32_t lane = threadIdx.x % kGroup;
+  const uint32_t i = blockIdx.x * kGroupsPerBlock + threadIdx.x / kGroup;
+  if (i < list.count) CopySegmentByGroup(list.segs[i], lane);
+}
+
+void CheckLaunch(const char* what) {
+  gpuError_t e = gpuGetLastError();
+  if (e != gpuSuccess) throw Error(StatusCode::ERR_GPU_OP, std::string(what) + ": " + gpuGetErrorString(e));
+}
+
+// Blocks of SegmentCopyKernel resident at once on each device, 0 until asked.
+std::atomic<uint32_t> g_resident_blocks[kMaxDevices];
+
+uint32_t ResidentBlocks(int device) {
+  if (device < 0 || device >= kMaxDevices) return 1024;
+  uint32_t b = g_resident_blocks[device].load(std::memory_order_relaxed);
+  if (b != 0) return b;
+  int sms = 0, per_sm = 0;
+  if (gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, device) != gpuSuccess ||
+      gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SegmentCopyKernel, kThreads, 0) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return 1024;
+  }
+  b = static_cast<uint32_t>(sms > 0 ? sms : 1) * static_cast<uint32_t>(per_sm > 0 ? per_sm : 1);
+  g_resident_blocks[device].store(b, std::memory_order_relaxed);
+  return b;
 }
 
 }  // namespace
 
+uint32_t SegmentCopyResidentGroups(int device) { return ResidentBlocks(device) * kGroupsPerBlock; }
+
 void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s) {
   if (count == 0) return;
-  const uint32_t blocks = count < kMaxBlocks ? count : kMaxBlocks;
-  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count);
-  gpuError_t e = gpuGetLastError();
-  if (e != gpuSuccess) {
-    throw Error(StatusCode::ERR_GPU_OP, std::string("segment copy kernel launch: ") + gpuGetErrorString(e));
+  // Enough blocks to fill the device once; the groups then stride over the
+  // list (no block scheduling per segment).
+  const uint32_t want = (count + kGroupsPerBlock - 1) / kGroupsPerBlock;
+  const uint32_t cap = ResidentBlocks(CurrentDevice());
+  SegmentCopyKernel<<<want < cap ? want : cap, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count);
+  CheckLaunch("segment copy kernel launch");
+}
+
+void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, Stream s) {
+  if (count == 0) return;
+  if (count > kInlineSegments) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "LaunchInlineSegmentCopy: " + std::to_string(count) +
+                                                  " segments, at most " + std::to_string(kInlineSegments));
   }
+  InlineSegments list;
+  for (uint32_t i = 0; i < count; ++i) list.segs[i] = host_segments[i];
+  list.count = count;
+  InlineSegmentCopyKernel<<<(count + kGroupsPerBlock - 1) / kGroupsPerBlock, kThreads, 0,
+                            static_cast<gpuStream_t>(s)>>>(list);
+  CheckLaunch("inline segment copy kernel launch");
 }
 
 void WarmUpKernels(int device) {
   SetDevice(device);
   // A zero-length launch still loads the module.
-  SegmentCopyKernel<<<1, 1>>>(nullptr, 0);
-  gpuError_t e = gpuGetLastError();
-  if (e != gpuSuccess) throw Error(StatusCode::ERR_GPU_OP, std::string("kernel warm-up: ") + gpuGetErrorString(e));
+  SegmentCopyKernel<<<1, kThreads>>>(nullptr, 0);
+  CheckLaunch("kernel warm-up");
+  InlineSegments none{};
+  InlineSegmentCopyKernel<<<1, kThreads>>>(none);
+  CheckLaunch("kernel warm-up");
+  (void)ResidentBlocks(device);
 }
 
 }  // namespace gpu

@@ -15,6 +15,7 @@
 #if MORI_WITH_GPU
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "gpu/vendor.h"
@@ -160,6 +161,10 @@ void RecordEvent(Event e, Stream s) {
   Check(gpuEventRecord(static_cast<gpuEvent_t>(e), static_cast<gpuStream_t>(s)), "EventRecord");
 }
 
+void StreamWaitEvent(Stream s, Event e) {
+  Check(gpuStreamWaitEvent(static_cast<gpuStream_t>(s), static_cast<gpuEvent_t>(e), 0), "StreamWaitEvent");
+}
+
 int QueryEvent(Event e) {
   gpuError_t r = gpuEventQuery(static_cast<gpuEvent_t>(e));
   if (r == gpuSuccess) return 1;
@@ -220,10 +225,17 @@ void SetDevice(int device) { Check(gpuSetDevice(device), "SetDevice"); }
 
 void EnablePeerAccess(int device, int peer) {
   if (device == peer) return;
+  // Called per transfer: remember enabled pairs instead of asking the driver
+  // (two runtime calls and a SetDevice) every time.
+  constexpr int kMax = 64;
+  static std::atomic<bool> enabled[kMax][kMax];
+  const bool cacheable = device >= 0 && device < kMax && peer >= 0 && peer < kMax;
+  if (cacheable && enabled[device][peer].load(std::memory_order_acquire)) return;
   SetDevice(device);
   gpuError_t e = gpuDeviceEnablePeerAccess(peer, 0);
   if (e != gpuSuccess && e != gpuErrorPeerAccessAlreadyEnabled) Check(e, "DeviceEnablePeerAccess");
   (void)gpuGetLastError();
+  if (cacheable) enabled[device][peer].store(true, std::memory_order_release);
 }
 
 int CurrentDevice() {
@@ -283,6 +295,7 @@ void DestroyStream(Stream, int) {}
 Event CreateEvent(int) { NoGpu("CreateEvent"); }
 void DestroyEvent(Event, int) {}
 void RecordEvent(Event, Stream) { NoGpu("RecordEvent"); }
+void StreamWaitEvent(Stream, Event) { NoGpu("StreamWaitEvent"); }
 int QueryEvent(Event) { NoGpu("QueryEvent"); }
 void SynchronizeStream(Stream) {}
 void SynchronizeEvent(Event) { NoGpu("SynchronizeEvent"); }
@@ -292,6 +305,8 @@ void CopyAsync(uint64_t, uint64_t, uint64_t, Stream) { NoGpu("CopyAsync"); }
 void* DeviceAlloc(int, size_t) { NoGpu("DeviceAlloc"); }
 void DeviceFree(void*, int) {}
 void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchSegmentCopy"); }
+void LaunchInlineSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchInlineSegmentCopy"); }
+uint32_t SegmentCopyResidentGroups(int) { return 1; }
 void WarmUpKernels(int) {}
 void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
 void PinnedFree(void*, size_t) {}

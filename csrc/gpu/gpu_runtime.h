@@ -44,6 +44,8 @@ void DestroyStream(Stream s, int device);
 Event CreateEvent(int device);
 void DestroyEvent(Event e, int device);
 void RecordEvent(Event e, Stream s);
+// Work enqueued on `s` after this waits until `e` (as last recorded) fired.
+void StreamWaitEvent(Stream s, Event e);
 // 1 done, 0 pending; throws on a device error.
 int QueryEvent(Event e);
 void SynchronizeStream(Stream s);
@@ -63,8 +65,16 @@ struct CopySegment {
 };
 static_assert(sizeof(CopySegment) == 24, "CopySegment layout is shared with the kernel");
 // Launches one gather/scatter kernel over `count` segments listed at
-// `device_segments` (device memory), on `s`.
+// `device_segments` (device memory), on `s` (a stream of the current device).
+// Each segment is copied by one group of threads: callers split large
+// segments (see SegmentCopyResidentGroups) so that the groups share the work.
 void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s);
+// Up to this many segments travel in the launch's parameters instead: no
+// upload of a list, for single and few-segment transfers.
+constexpr uint32_t kInlineSegments = 16;
+void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, Stream s);
+// How many segment-copying groups of threads run at once on `device`.
+uint32_t SegmentCopyResidentGroups(int device);
 // Loads every kernel of the project on `device` now: lazy module loading
 // while a stream waits on host memory can deadlock (notes/GPU_FACTS.md).
 void WarmUpKernels(int device);

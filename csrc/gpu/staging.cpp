@@ -1,5 +1,6 @@
 #include "gpu/staging.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -25,7 +26,7 @@ StagingSet::StagingSet(uint64_t chunk_bytes, int depth, int numa_node) : chunk_b
   }
   const int fail_at = InjectedFailureAt();
   chunks_.reserve(static_cast<size_t>(depth));
-  lists_bytes_ = static_cast<size_t>(depth) * kMaxPieces * sizeof(CopySegment);
+  lists_bytes_ = static_cast<size_t>(depth) * kListEntries * sizeof(CopySegment);
   try {
     for (int i = 0; i < depth; ++i) {
       if (fail_at == i + 1) {
@@ -39,7 +40,7 @@ StagingSet::StagingSet(uint64_t chunk_bytes, int depth, int numa_node) : chunk_b
     }
     lists_ = PinnedAlloc(lists_bytes_, numa_node);
     for (int i = 0; i < depth; ++i) {
-      chunks_[i].list = static_cast<CopySegment*>(lists_) + static_cast<size_t>(i) * kMaxPieces;
+      chunks_[i].list = static_cast<CopySegment*>(lists_) + static_cast<size_t>(i) * kListEntries;
       chunks_[i].list_dev_ptr = DevicePointerOfPinned(chunks_[i].list);
     }
   } catch (...) {
@@ -87,17 +88,27 @@ StagingSet::Lane& StagingSet::LaneOf(int device) {
 void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, int device) {
   // Below this many pieces, copy-engine copies beat a kernel launch.
   constexpr size_t kKernelMinPieces = 8;
+  // The kernel copies each list entry with one group of threads whose pass
+  // covers 4 KiB: pieces are cut to that so all groups share a chunk.
+  constexpr uint64_t kEntryBytes = 4096;
   Lane& l = LaneOf(device);
   Chunk& c = chunks_[i];
   const bool to_chunk = dir == Direction::kDeviceToChunk;
-  if (pieces.size() >= kKernelMinPieces && pieces.size() <= kMaxPieces) {
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      const uint64_t host = c.dev_ptr + pieces[k].at;
-      c.list[k] = {to_chunk ? host : pieces[k].dev_ptr, to_chunk ? pieces[k].dev_ptr : host, pieces[k].bytes};
+  size_t entries = 0;
+  if (pieces.size() >= kKernelMinPieces) {
+    for (const auto& p : pieces) entries += (p.bytes + kEntryBytes - 1) / kEntryBytes;
+  }
+  if (entries != 0 && entries <= kListEntries) {
+    size_t k = 0;
+    for (const auto& p : pieces) {
+      for (uint64_t off = 0; off < p.bytes; off += kEntryBytes, ++k) {
+        const uint64_t host = c.dev_ptr + p.at + off;
+        const uint64_t dev = p.dev_ptr + off;
+        c.list[k] = {to_chunk ? host : dev, to_chunk ? dev : host, std::min(kEntryBytes, p.bytes - off)};
+      }
     }
     SetDevice(device);
-    LaunchSegmentCopy(reinterpret_cast<const CopySegment*>(c.list_dev_ptr), static_cast<uint32_t>(pieces.size()),
-                      l.stream);
+    LaunchSegmentCopy(reinterpret_cast<const CopySegment*>(c.list_dev_ptr), static_cast<uint32_t>(k), l.stream);
   } else {
     const uint64_t host = reinterpret_cast<uint64_t>(c.ptr);
     for (const auto& p : pieces) {

@@ -31,8 +31,11 @@ class StagingSet {
   int depth() const { return static_cast<int>(chunks_.size()); }
   char* chunk(int i) const { return static_cast<char*>(chunks_[i].ptr); }
 
-  // Most pieces one chunk's copy takes (the kernel's list capacity).
+  // Most pieces one chunk's copy takes.
   static constexpr size_t kMaxPieces = 1024;
+  // Entries of a chunk's kernel list (pieces cut to 4 KiB); a chunk that
+  // needs more goes to the copy engines.
+  static constexpr size_t kListEntries = 2048;
   struct Piece {
     uint64_t dev_ptr;  // device memory of `device`
     uint64_t at;       // offset in the chunk

@@ -43,6 +43,7 @@
 #define gpuStreamCaptureMode hipStreamCaptureMode
 #define gpuStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
 #define gpuThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
+#define gpuStreamWaitEvent hipStreamWaitEvent
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDefault hipMemcpyDefault
 #define gpuMalloc hipMalloc
@@ -53,6 +54,9 @@
 #define gpuHostRegisterPortable hipHostRegisterPortable
 #define gpuHostRegisterMapped hipHostRegisterMapped
 #define gpuMemGetAddressRange(base, size, ptr) hipMemGetAddressRange(base, size, ptr)
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #else
 #include <cuda_runtime.h>
 #define MORI_HIP 0
@@ -90,6 +94,7 @@
 #define gpuStreamCaptureMode cudaStreamCaptureMode
 #define gpuStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
 #define gpuThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
+#define gpuStreamWaitEvent cudaStreamWaitEvent
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDefault cudaMemcpyDefault
 #define gpuMalloc cudaMalloc
@@ -99,4 +104,7 @@
 #define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuHostRegisterPortable cudaHostRegisterPortable
 #define gpuHostRegisterMapped cudaHostRegisterMapped
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif

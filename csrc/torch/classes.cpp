@@ -57,15 +57,18 @@ std::string Str(c10::IntArrayRef v) {
   return s + "]";
 }
 
-// Offsets and sizes as int64 tensors skip per-element conversion (block
-// tables usually are tensors already); device tensors are copied to the host.
-std::vector<int64_t> ToVec(const at::Tensor& t, const char* name) {
+// Offsets and sizes as int64 tensors are read in place, without a per-element
+// conversion (block tables usually are tensors already); device tensors are
+// copied to the host first.
+struct HostInt64 {
+  at::Tensor host;  // keeps the values alive while the span is used
+  Int64Span span() const { return {host.data_ptr<int64_t>(), static_cast<size_t>(host.numel())}; }
+};
+HostInt64 ToHostInt64(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ",
                    c10::toString(t.scalar_type()));
   TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", std::to_string(t.dim()), " dimensions");
-  auto c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
-  const int64_t* p = c.data_ptr<int64_t>();
-  return std::vector<int64_t>(p, p + c.numel());
+  return {t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous()};
 }
 
 struct TransferStatusObj : torch::CustomClassHolder {
@@ -229,14 +232,16 @@ TORCH_LIBRARY(mori, m) {
       .def("batch_read_tensors",
            [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes,
               int64_t uid) {
-             return Wrap(self->s->BatchRead(ToVec(lo, "local_offsets"), ToVec(ro, "remote_offsets"),
-                                            ToVec(sizes, "sizes"), static_cast<TransferUid>(uid)));
+             const auto l = ToHostInt64(lo, "local_offsets"), r = ToHostInt64(ro, "remote_offsets"),
+                        n = ToHostInt64(sizes, "sizes");
+             return Wrap(self->s->BatchRead(l.span(), r.span(), n.span(), static_cast<TransferUid>(uid)));
            })
       .def("batch_write_tensors",
            [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes,
               int64_t uid) {
-             return Wrap(self->s->BatchWrite(ToVec(lo, "local_offsets"), ToVec(ro, "remote_offsets"),
-                                             ToVec(sizes, "sizes"), static_cast<TransferUid>(uid)));
+             const auto l = ToHostInt64(lo, "local_offsets"), r = ToHostInt64(ro, "remote_offsets"),
+                        n = ToHostInt64(sizes, "sizes");
+             return Wrap(self->s->BatchWrite(l.span(), r.span(), n.span(), static_cast<TransferUid>(uid)));
            })
       .def("alive", [](const SessionRef& self) { return self->s->Alive(); })
       .def("backend_type", [](const SessionRef& self) { return static_cast<int64_t>(self->s->backend_type()); });

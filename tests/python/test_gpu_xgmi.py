@@ -25,9 +25,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
-def xgmi_engine(prefix, tcp=False):
+def xgmi_engine(prefix, tcp=False, **cfg):
     e = IOEngine(unique_key(prefix), IOEngineConfig("127.0.0.1", 0))
-    e.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    e.create_backend(BackendType.XGMI, XgmiBackendConfig(**cfg))
     if tcp:
         e.create_backend(BackendType.TCP, TcpBackendConfig())
     return e
@@ -38,21 +38,28 @@ def rand_bytes(n, dev, seed):
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(dev)
 
 
-@pytest.fixture(params=["same-device", "cross-device"])
-def gpu_pair(request):
-    if request.param == "cross-device" and not TWO_GPUS:
+def _pair_with(where, **cfg):
+    """Engines a -> b with XgmiBackendConfig(**cfg), 8 MiB registered on each
+    side: on cuda:0 both ("same-device") or cuda:0 -> cuda:1."""
+    if where == "cross-device" and not TWO_GPUS:
         pytest.skip("needs two GPUs")
-    dst_dev = "cuda:1" if request.param == "cross-device" else "cuda:0"
-    a, b = xgmi_engine("ga"), xgmi_engine("gb")
+    dst_dev = "cuda:1" if where == "cross-device" else "cuda:0"
+    a, b = xgmi_engine("ga", **cfg), xgmi_engine("gb", **cfg)
     a.register_remote_engine(b.get_engine_desc())
     n = 8 << 20
     local = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
     remote = torch.zeros(n, dtype=torch.uint8, device=dst_dev)
     ld = a.register_torch_tensor(local)
     rd = MemoryDesc.unpack(b.register_torch_tensor(remote).pack())
-    yield a, b, local, remote, ld, rd
-    a.shutdown()
-    b.shutdown()
+    return a, b, local, remote, ld, rd
+
+
+@pytest.fixture(params=["same-device", "cross-device"])
+def gpu_pair(request):
+    p = _pair_with(request.param)
+    yield p
+    p[0].shutdown()
+    p[1].shutdown()
 
 
 def test_gpu_registration_fields():
@@ -169,6 +176,187 @@ def test_bad_offsets(gpu_pair):
     assert st.Code() == StatusCode.ERR_INVALID_ARGS and "remote" in st.Message()
     st = a.read(ld, local.numel(), rd, 0, 1, 2)
     assert st.Code() == StatusCode.ERR_INVALID_ARGS
+
+
+# ---------------------------------------------------------------------------
+# The batched path: segment merging, copy kernel vs copy engines, lists cut
+# into chunks whose uploads overlap the kernel, large segments cut into
+# pieces, and lanes reused while earlier batches still run.
+
+KERNEL_ALWAYS = dict(kernel_min_segments=1, kernel_max_avg_bytes=1 << 40)
+COPY_ENGINES_ALWAYS = dict(kernel_min_segments=1 << 30)
+
+
+@pytest.fixture(params=["same-device", "cross-device"])
+def kernel_pair(request):
+    """Every batch, whatever its shape, goes to the copy kernel."""
+    p = _pair_with(request.param, **KERNEL_ALWAYS)
+    yield p
+    p[0].shutdown()
+    p[1].shutdown()
+
+
+def _check_pages(src, dst, s_pages, d_pages, seg):
+    """dst's page d_pages[i] equals src's page s_pages[i] (pages of `seg` bytes)."""
+    got = dst.view(-1, seg)[torch.as_tensor(d_pages, device=dst.device)]
+    want = src.view(-1, seg)[torch.as_tensor(s_pages, device=src.device)].to(dst.device)
+    assert torch.equal(got, want)
+
+
+def _expected_copy(src_cpu, s_offs, d_offs, sizes):
+    """A zeroed destination after the segments were copied into it."""
+    expect = torch.zeros_like(src_cpu)
+    for so, do, sz in zip(s_offs, d_offs, sizes):
+        expect[do:do + sz] = src_cpu[so:so + sz]
+    return expect
+
+
+@pytest.mark.parametrize("count", [1023, 1024, 1025, 5120, 5121, 21505])
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_batches_across_chunk_boundaries(kernel_pair, count, op):
+    """Lists of 1,024, then 4,096, then 16,384 entries are uploaded and
+    launched one after the other; counts at and around those boundaries."""
+    a, b, local, remote, ld, rd = kernel_pair
+    seg = 256
+    pages = (8 << 20) // seg
+    rp = torch.randperm(pages, generator=torch.Generator().manual_seed(count))[:count]
+    lp = torch.arange(count)
+    src, dst = (remote, local) if op == "read" else (local, remote)
+    src.copy_(rand_bytes(src.numel(), src.device, count))
+    dst.zero_()
+    sess = a.create_session(ld, rd)
+    st = getattr(sess, f"batch_{op}")(lp * seg, rp * seg, torch.full((count,), seg), sess.allocate_transfer_uid())
+    wait_ok(st)
+    s_pages, d_pages = (rp, lp) if op == "read" else (lp, rp)
+    _check_pages(src, dst, s_pages, d_pages, seg)
+    untouched = torch.ones(pages, dtype=torch.bool)
+    untouched[d_pages] = False
+    assert int(dst.view(-1, seg)[untouched.to(dst.device)].count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_large_segments_cut_into_pieces(kernel_pair, op):
+    """Few large segments through the kernel: each is cut into pieces that
+    several thread groups copy; odd sizes and offsets keep their bytes."""
+    a, b, local, remote, ld, rd = kernel_pair
+    lo = [0, 1 << 20, (3 << 20) + 5, (5 << 20) + 7]
+    ro = [4 << 20, 0, (1 << 20) + 5, (6 << 20) + 3]
+    sizes = [1 << 20, (1 << 20) + 3, (1 << 20) + 11, 999_999]
+    src, dst = (remote, local) if op == "read" else (local, remote)
+    src.copy_(rand_bytes(src.numel(), src.device, 7))
+    dst.zero_()
+    sess = a.create_session(ld, rd)
+    wait_ok(getattr(sess, f"batch_{op}")(lo, ro, sizes, sess.allocate_transfer_uid()))
+    s_offs, d_offs = (ro, lo) if op == "read" else (lo, ro)
+    assert torch.equal(dst.cpu(), _expected_copy(src.cpu(), s_offs, d_offs, sizes))
+
+
+@pytest.mark.parametrize("count", [1, 2, 15, 16, 17, 40])
+def test_kernel_alignments_and_inline_lists(kernel_pair, count):
+    """Up to 16 pieces travel in the launch parameters, more in a device list.
+    Sizes and offsets of every alignment: 16-byte vectors with bytewise heads
+    and tails when source and destination align alike, bytes otherwise."""
+    a, b, local, remote, ld, rd = kernel_pair
+    rnd = random.Random(count)
+    lo, ro, sizes = [], [], []
+    for i in range(count):
+        sz = rnd.choice([1, 3, 15, 16, 17, 100, 4095, 4096, 4097, 70_000])
+        skew = rnd.choice([0, 0, 1, 3, 8, 13])
+        lo.append(i * 131_072 + rnd.choice([0, 1, 7, 16]))
+        ro.append(i * 131_072 + (lo[-1] % 16 + skew) % 16)
+        sizes.append(sz)
+    local.copy_(rand_bytes(local.numel(), local.device, count))
+    remote.zero_()
+    sess = a.create_session(ld, rd)
+    wait_ok(sess.batch_write(lo, ro, sizes, sess.allocate_transfer_uid()))
+    assert torch.equal(remote.cpu(), _expected_copy(local.cpu(), lo, ro, sizes))
+
+
+@pytest.mark.parametrize("cfg", [KERNEL_ALWAYS, COPY_ENGINES_ALWAYS], ids=["kernel", "copy-engines"])
+@pytest.mark.parametrize("layout", ["all-contiguous", "pairs", "one-side-only"])
+def test_merged_segments(cfg, layout):
+    """Contiguous neighbours merge before the copy (a fully contiguous batch
+    becomes one segment); segments contiguous on one side only do not."""
+    a, b, local, remote, ld, rd = _pair_with("same-device", **cfg)
+    seg, count = 512, 8192
+    if layout == "all-contiguous":
+        lo = [i * seg for i in range(count)]
+        ro = [(1 << 20) + i * seg for i in range(count)]
+    elif layout == "pairs":  # page pairs contiguous on both sides, pairs shuffled
+        order = random.Random(3).sample(range(count // 2), count // 2)
+        lo = [i * seg for i in range(count)]
+        ro = [(order[i // 2] * 2 + i % 2) * seg for i in range(count)]
+    else:  # contiguous locally, every other page remotely
+        lo = [i * seg for i in range(count)]
+        ro = [2 * i * seg for i in range(count)]
+    local.copy_(rand_bytes(local.numel(), local.device, 11))
+    sess = a.create_session(ld, rd)
+    wait_ok(sess.batch_write(lo, ro, [seg] * count, sess.allocate_transfer_uid()))
+    assert torch.equal(remote.cpu(), _expected_copy(local.cpu(), lo, ro, [seg] * count))
+    a.shutdown()
+    b.shutdown()
+
+
+def test_one_lane_reused_while_batches_run():
+    """With one lane, each batch must wait for the previous one's list upload
+    and kernel before reusing (and growing) the lane's lists: submit batches
+    of growing size back to back, wait at the end, check every byte."""
+    a, b, local, remote, ld, rd = _pair_with("same-device", num_streams=1, **KERNEL_ALWAYS)
+    local.copy_(rand_bytes(local.numel(), local.device, 5))
+    sess = a.create_session(ld, rd)
+    seg = 128
+    pages = (8 << 20) // seg
+    perm = torch.randperm(pages, generator=torch.Generator().manual_seed(9))
+    statuses, start = [], 0
+    plan = []
+    for count in (700, 3000, 1500, 9000, 20000, 2000):
+        rp = perm[start:start + count]
+        lp = torch.randperm(pages, generator=torch.Generator().manual_seed(count))[:count]
+        statuses.append(sess.batch_write(lp * seg, rp * seg, torch.full((count,), seg), sess.allocate_transfer_uid()))
+        plan.append((lp, rp))
+        start += count
+    for st in statuses:
+        wait_ok(st)
+    for lp, rp in plan:
+        _check_pages(local, remote, lp, rp, seg)
+    a.shutdown()
+    b.shutdown()
+
+
+@pytest.mark.parametrize("where", ["same-device", "cross-device"])
+def test_kernel_and_copy_engine_batches_interleaved(where):
+    """Many transfers in flight at once over all lanes, mixing the copy
+    engines (single segments) and the kernel (8-segment batches, some few
+    enough for the launch parameters, some not): all end with the right bytes."""
+    a, b, local, remote, ld, rd = _pair_with(where, kernel_min_segments=4)
+    local.copy_(rand_bytes(local.numel(), local.device, 13))
+    sess = a.create_session(ld, rd)
+    seg = 4096
+    statuses = []
+    for i in range(200):
+        base = i * 8 * seg
+        if i % 3 == 0:
+            statuses.append(sess.write(base, base, 8 * seg, i))
+        else:  # every other page, so nothing merges
+            count = 8 if i % 3 == 1 else 4
+            offs = [base + 2 * k * seg for k in range(count)]
+            statuses.append(sess.batch_write(offs, offs, [seg] * count, i))
+    for st in statuses:
+        wait_ok(st)
+    src_cpu, dst_cpu = local.cpu(), remote.cpu()
+    for i in range(200):
+        base = i * 8 * seg
+        if i % 3 == 0:
+            assert torch.equal(dst_cpu[base:base + 8 * seg], src_cpu[base:base + 8 * seg])
+        else:
+            count = 8 if i % 3 == 1 else 4
+            for k in range(8):
+                lo = base + k * seg
+                moved = k % 2 == 0 and k // 2 < count
+                assert torch.equal(dst_cpu[lo:lo + seg], src_cpu[lo:lo + seg] if moved else torch.zeros(seg,
+                                   dtype=torch.uint8)), (i, k)
+    a.shutdown()
+    b.shutdown()
 
 
 # ---------------------------------------------------------------------------

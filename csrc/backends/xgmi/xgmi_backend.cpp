@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -81,10 +82,11 @@ DeviceContext& XgmiBackend::Device(int device) {
     auto fresh = std::make_unique<DeviceContext>();
     fresh->device = device;
     gpu::WarmUpKernels(device);
+    fresh->resident_groups = gpu::SegmentCopyResidentGroups(device);
     for (int64_t i = 0; i < cfg_.num_streams; ++i) {
       auto lane = std::make_unique<DeviceContext::Lane>();
       lane->stream = gpu::CreateStream(device);
-      lane->list_copied = gpu::CreateEvent(device);
+      lane->upload = gpu::CreateStream(device);
       fresh->lanes.push_back(std::move(lane));
     }
     std::lock_guard<std::mutex> ek(event_mu_);
@@ -113,6 +115,154 @@ void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
   free_events_[device].push_back(e);
 }
 
+uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups) {
+  // About two pieces per resident group, in whole 4 KiB units (which keeps
+  // 16-byte alignment): one pass of a group's loads is 4 KiB.
+  constexpr uint64_t kUnit = 4096;
+  const uint64_t want = total_bytes / (2 * static_cast<uint64_t>(resident_groups > 0 ? resident_groups : 1));
+  return std::max(kUnit, (want + kUnit - 1) / kUnit * kUnit);
+}
+
+std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext& dc, size_t entries) {
+  std::unique_ptr<SegmentList> list;
+  {
+    std::lock_guard<std::mutex> lk(dc.lists_mu);
+    // The list returned longest ago is taken if the GPU is done with it
+    // (grown below if too small); a new one only while it is still busy.
+    // Skipping a too-small idle list instead made a batch that outgrew the
+    // pool allocate a new list every time until num_streams lists existed.
+    auto& idle = dc.idle_lists;
+    const bool front_ready = !idle.empty() && gpu::QueryEvent(idle.front()->copied) == 1 &&
+                             gpu::QueryEvent(idle.front()->consumed) == 1;
+    if (front_ready || (!idle.empty() && dc.list_count >= static_cast<size_t>(cfg_.num_streams))) {
+      list = std::move(idle.front());
+      idle.pop_front();
+    } else {
+      ++dc.list_count;
+    }
+  }
+  if (!list) {
+    list = std::make_unique<SegmentList>();
+    try {
+      list->copied = gpu::CreateEvent(dc.device);
+      list->consumed = gpu::CreateEvent(dc.device);
+      list->chunk_uploaded = gpu::CreateEvent(dc.device);
+    } catch (...) {
+      FreeList(*list, dc.device);
+      std::lock_guard<std::mutex> lk(dc.lists_mu);
+      --dc.list_count;
+      throw;
+    }
+  }
+  if (list->capacity < entries) {
+    // The old arrays may still be uploaded or read.
+    while (gpu::QueryEvent(list->copied) == 0 || gpu::QueryEvent(list->consumed) == 0) std::this_thread::yield();
+    gpu::PinnedFree(list->host, list->capacity * sizeof(gpu::CopySegment));
+    gpu::DeviceFree(list->device, dc.device);
+    list->host = nullptr;
+    list->device = nullptr;
+    list->capacity = 0;
+    size_t cap = 1024;
+    while (cap < entries) cap *= 2;
+    try {
+      list->host = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
+      list->device = static_cast<gpu::CopySegment*>(gpu::DeviceAlloc(dc.device, cap * sizeof(gpu::CopySegment)));
+    } catch (...) {
+      gpu::PinnedFree(list->host, cap * sizeof(gpu::CopySegment));
+      list->host = nullptr;
+      ReturnList(dc, std::move(list));
+      throw;
+    }
+    list->capacity = cap;
+  } else {
+    // Reused: the host half may be rewritten once its last upload ran.
+    while (gpu::QueryEvent(list->copied) == 0) std::this_thread::yield();
+  }
+  return list;
+}
+
+void XgmiBackend::ReturnList(DeviceContext& dc, std::unique_ptr<SegmentList> list) {
+  std::lock_guard<std::mutex> lk(dc.lists_mu);
+  dc.idle_lists.push_back(std::move(list));
+}
+
+void XgmiBackend::FreeList(SegmentList& list, int device) {
+  gpu::PinnedFree(list.host, list.capacity * sizeof(gpu::CopySegment));
+  gpu::DeviceFree(list.device, device);
+  for (gpu::Event e : {list.copied, list.consumed, list.chunk_uploaded}) {
+    if (e) gpu::DestroyEvent(e, device);
+  }
+}
+
+void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
+                                uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read) {
+  const uint64_t piece = KernelPieceBytes(total, dc.resident_groups);
+  // Few pieces travel in the launch parameters: no list upload at all.
+  if (segs.size() <= gpu::kInlineSegments) {
+    gpu::CopySegment inl[gpu::kInlineSegments];
+    uint32_t n = 0;
+    bool fits = true;
+    for (const Segment& s : segs) {
+      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+      for (uint64_t off = 0; off < s.size && fits; off += piece) {
+        if (n == gpu::kInlineSegments) fits = false;
+        else inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+      }
+    }
+    if (fits) {
+      gpu::LaunchInlineSegmentCopy(inl, n, lane.stream);
+      return;
+    }
+  }
+  std::unique_ptr<SegmentList> list = TakeList(dc, segs.size() + total / piece + 1);
+  // Chunks grow 4x from a small first one: the GPU starts after a few
+  // microseconds of host work, and later chunks are built while it copies.
+  constexpr size_t kFirstChunk = 1024;
+  size_t chunk = kFirstChunk, written = 0, launched = 0;
+  gpu::CopySegment* const host = list->host;
+  auto flush = [&] {
+    const size_t n = written - launched;
+    gpu::CopyAsync(reinterpret_cast<uint64_t>(list->device + launched), reinterpret_cast<uint64_t>(host + launched),
+                   n * sizeof(gpu::CopySegment), lane.upload);
+    gpu::RecordEvent(list->chunk_uploaded, lane.upload);
+    gpu::StreamWaitEvent(lane.stream, list->chunk_uploaded);
+    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n), lane.stream);
+    launched = written;
+    chunk *= 4;
+  };
+  try {
+    // The device half may be rewritten once the kernels that last read it ran.
+    gpu::StreamWaitEvent(lane.upload, list->consumed);
+    for (const Segment& s : segs) {
+      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+      if (s.size <= piece) {
+        host[written++] = {d, r, s.size};
+      } else {
+        for (uint64_t off = 0; off < s.size; off += piece) {
+          host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+        }
+      }
+      if (written - launched >= chunk) flush();
+    }
+    if (written > launched) flush();
+    gpu::RecordEvent(list->copied, lane.upload);
+    gpu::RecordEvent(list->consumed, lane.stream);
+  } catch (...) {
+    // Whatever was enqueued still reads the list: wait for it before reuse.
+    try {
+      gpu::SynchronizeStream(lane.upload);
+      gpu::SynchronizeStream(lane.stream);
+    } catch (const Error& e) {
+      MORI_LOG(Warning, "XGMI: waiting for a failed batch's copies: " << e.what());
+    }
+    ReturnList(dc, std::move(list));
+    throw;
+  }
+  ReturnList(dc, std::move(list));
+}
+
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
   const StatusPtr status = op.status;
   auto pending = std::make_shared<PendingCopy>();
@@ -125,50 +275,26 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
   }
   const int dev = op.local->desc.device_id;
   pending->device = dev;
-  const std::vector<Segment> segs = MergeContiguous(op.segs);
-  std::vector<gpu::CopySegment> copies;
-  copies.reserve(segs.size());
-  uint64_t total = 0;
+  std::vector<Segment>& segs = op.segs;
+  MergeContiguousInPlace(&segs);
+  const uint64_t total = TotalBytes(segs);
   const uint64_t local_base = op.local->desc.data;
-  for (const auto& s : segs) {
-    const uint64_t l = local_base + s.local_off, r = remote_base + s.remote_off;
-    copies.push_back(op.is_read ? gpu::CopySegment{l, r, s.size} : gpu::CopySegment{r, l, s.size});
-    total += s.size;
-  }
+  const uint64_t dst_base = op.is_read ? local_base : remote_base;
+  const uint64_t src_base = op.is_read ? remote_base : local_base;
   try {
     DeviceContext& dc = Device(dev);
     DeviceContext::Lane& lane = *dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()];
     std::lock_guard<std::mutex> lk(lane.mu);
     gpu::SetDevice(dev);
-    const bool use_kernel = copies.size() >= static_cast<size_t>(cfg_.kernel_min_segments) &&
-                            total / copies.size() < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+    const bool use_kernel = !segs.empty() && segs.size() >= static_cast<size_t>(cfg_.kernel_min_segments) &&
+                            total / segs.size() < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
     if (use_kernel) {
-      // The pinned list may be rewritten only once its previous upload ran.
-      if (lane.list_pending) {
-        while (gpu::QueryEvent(lane.list_copied) == 0) std::this_thread::yield();
-        lane.list_pending = false;
-      }
-      if (lane.capacity < copies.size()) {
-        gpu::SynchronizeStream(lane.stream);  // the old device list may still be read
-        gpu::PinnedFree(lane.host_list, lane.capacity * sizeof(gpu::CopySegment));
-        gpu::DeviceFree(lane.device_list, dev);
-        lane.host_list = nullptr;
-        lane.device_list = nullptr;
-        lane.capacity = 0;
-        size_t cap = 1024;
-        while (cap < copies.size()) cap *= 2;
-        lane.host_list = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
-        lane.device_list = static_cast<gpu::CopySegment*>(gpu::DeviceAlloc(dev, cap * sizeof(gpu::CopySegment)));
-        lane.capacity = cap;
-      }
-      std::memcpy(lane.host_list, copies.data(), copies.size() * sizeof(gpu::CopySegment));
-      gpu::CopyAsync(reinterpret_cast<uint64_t>(lane.device_list), reinterpret_cast<uint64_t>(lane.host_list),
-                     copies.size() * sizeof(gpu::CopySegment), lane.stream);
-      gpu::RecordEvent(lane.list_copied, lane.stream);
-      lane.list_pending = true;
-      gpu::LaunchSegmentCopy(lane.device_list, static_cast<uint32_t>(copies.size()), lane.stream);
+      EnqueueKernel(dc, lane, segs, total, dst_base, src_base, op.is_read);
     } else {
-      for (const auto& c : copies) gpu::CopyAsync(c.dst, c.src, c.bytes, lane.stream);
+      for (const auto& s : segs) {
+        gpu::CopyAsync(dst_base + (op.is_read ? s.local_off : s.remote_off),
+                       src_base + (op.is_read ? s.remote_off : s.local_off), s.size, lane.stream);
+      }
     }
     pending->event = TakeEvent(dev);
     gpu::RecordEvent(pending->event, lane.stream);
@@ -178,11 +304,13 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
     return;
   }
   status->SetProgressHook([pending] { pending->Poll(); });
+  bool wake;
   {
     std::lock_guard<std::mutex> lk(pending_mu_);
     pending_.push_back(pending);
+    wake = reaper_asleep_;
   }
-  pending_cv_.notify_one();
+  if (wake) pending_cv_.notify_one();
 }
 
 size_t XgmiBackend::Reap() {
@@ -209,18 +337,41 @@ size_t XgmiBackend::Reap() {
 }
 
 void XgmiBackend::CompletionLoop() {
+  // While transfers come and go the thread naps briefly instead of being
+  // woken per transfer: a wake-up cost the submitting thread 3-4 us (p50 on
+  // the build VM), a fifth of a small transfer's submission. After kSleepAfterIdle
+  // without work it sleeps until Run wakes it. Statuses nobody polls end
+  // within about a nap; polled ones as soon as their copies are done.
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kNap = std::chrono::microseconds(200);
+  constexpr auto kSleepAfterIdle = std::chrono::milliseconds(20);
+  auto idle_since = Clock::now();
   while (true) {
     {
       std::unique_lock<std::mutex> lk(pending_mu_);
-      pending_cv_.wait(lk, [&] { return shut_.load() || !pending_.empty(); });
+      if (pending_.empty() && !shut_.load()) {
+        if (Clock::now() - idle_since < kSleepAfterIdle) {
+          pending_cv_.wait_for(lk, kNap);
+        } else {
+          reaper_asleep_ = true;
+          pending_cv_.wait(lk, [&] { return shut_.load() || !pending_.empty(); });
+          reaper_asleep_ = false;
+        }
+      }
       if (shut_.load()) return;
+      if (pending_.empty()) continue;
     }
     if (Reap() > 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    idle_since = Clock::now();
   }
 }
 
 void XgmiBackend::Shutdown() {
   if (shut_.exchange(true)) return;
+  {
+    // The completion thread checks shut_ under this mutex: no lost wake-up.
+    std::lock_guard<std::mutex> lk(pending_mu_);
+  }
   pending_cv_.notify_all();
   if (completion_thread_.joinable()) completion_thread_.join();
   // Let running copies finish: their memory may be freed once we return.
@@ -229,6 +380,7 @@ void XgmiBackend::Shutdown() {
     for (auto& lane : kv.second->lanes) {
       try {
         gpu::SynchronizeStream(lane->stream);
+        gpu::SynchronizeStream(lane->upload);
       } catch (const Error& e) {
         MORI_LOG(Error, "XGMI shutdown: " << e.what());
       }
@@ -245,11 +397,14 @@ void XgmiBackend::Shutdown() {
   pending_.clear();
   for (auto& p : peers_.TakeAll()) p->Close();
   for (auto& kv : devices_) {
+    {
+      std::lock_guard<std::mutex> ll(kv.second->lists_mu);
+      for (auto& list : kv.second->idle_lists) FreeList(*list, kv.first);
+      kv.second->idle_lists.clear();
+    }
     for (auto& lane : kv.second->lanes) {
-      gpu::PinnedFree(lane->host_list, lane->capacity * sizeof(gpu::CopySegment));
-      gpu::DeviceFree(lane->device_list, kv.first);
-      gpu::DestroyEvent(lane->list_copied, kv.first);
       gpu::DestroyStream(lane->stream, kv.first);
+      gpu::DestroyStream(lane->upload, kv.first);
     }
   }
   std::lock_guard<std::mutex> ek(event_mu_);

@@ -29,31 +29,46 @@ struct XgmiConfig {
   int64_t num_streams = 64;
   int64_t num_events = 64;
   // Batches with at least this many segments (after merging) use the copy
-  // kernel; fewer go to the copy engines. See docs/BENCHMARK.md.
+  // kernel; fewer go to the copy engines...
   int64_t kernel_min_segments = 4;
-  // ...unless their segments average at least this many bytes.
-  int64_t kernel_max_avg_bytes = 1 << 20;
+  // ...and so do batches whose segments average at least this many bytes.
+  // Both measured (kernel vs copy engines over count x size): see the XGMI
+  // section of docs/BENCHMARK.md and `benchmarks/bench_xgmi.py --grid`.
+  int64_t kernel_max_avg_bytes = 8 << 20;
   static XgmiConfig FromMap(const BackendConfig& m);
 };
 
 class XgmiBackend;
 struct PendingCopy;
 
-// Per-device resources: a stream pool and, per stream, a staging area for
-// kernel segment lists.
+// A kernel's segment list: staged in pinned host memory, uploaded to device
+// memory in chunks. Lists are pooled per device and reused by later
+// transfers; the events say when each half may be rewritten.
+struct SegmentList {
+  gpu::CopySegment* host = nullptr;  // pinned
+  gpu::CopySegment* device = nullptr;
+  size_t capacity = 0;
+  gpu::Event copied = nullptr;          // its last upload ran: host may be rewritten
+  gpu::Event consumed = nullptr;        // its last kernel ran: device may be rewritten
+  gpu::Event chunk_uploaded = nullptr;  // the copy stream waits on it per chunk
+};
+
+// Per-device resources: a pool of lanes (a copy stream plus an upload
+// stream, so that the list of chunk k+1 uploads while chunk k's kernel runs)
+// and a pool of segment lists (at most one per lane).
 struct DeviceContext {
   struct Lane {
-    gpu::Stream stream = nullptr;
+    gpu::Stream stream = nullptr;  // copies and kernels
+    gpu::Stream upload = nullptr;  // segment-list uploads
     std::mutex mu;  // one submitter at a time per lane
-    gpu::CopySegment* host_list = nullptr;   // pinned
-    gpu::CopySegment* device_list = nullptr;
-    size_t capacity = 0;
-    gpu::Event list_copied = nullptr;  // host_list may be rewritten once this fired
-    bool list_pending = false;
   };
   int device = -1;
+  uint32_t resident_groups = 1;  // segment-copy thread groups that run at once
   std::vector<std::unique_ptr<Lane>> lanes;
   std::atomic<uint64_t> next{0};
+  std::mutex lists_mu;
+  std::deque<std::unique_ptr<SegmentList>> idle_lists;  // oldest returned first
+  size_t list_count = 0;
 };
 
 class XgmiPeer : public BackendPeer {
@@ -92,11 +107,22 @@ class XgmiBackend : public Backend {
 
   // Runs the copies of one transfer and tracks its completion.
   void Run(TransferOp op, uint64_t remote_base);
+  // Largest piece one thread group of the copy kernel takes: segments are
+  // cut so that a batch of few large segments still fills the device.
+  static uint64_t KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups);
   const BackendContext& ctx() const { return ctx_; }
   bool shut_down() const { return shut_.load(); }
 
  private:
   DeviceContext& Device(int device);
+  // Enqueues the copy kernel(s) for `segs` (merged, non-empty) on `lane`.
+  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
+                     uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read);
+  // A list of at least `entries` entries: the oldest idle one when the GPU
+  // is done with it, else a new one while fewer than num_streams exist.
+  std::unique_ptr<SegmentList> TakeList(DeviceContext& dc, size_t entries);
+  void ReturnList(DeviceContext& dc, std::unique_ptr<SegmentList> list);
+  void FreeList(SegmentList& list, int device);
   gpu::Event TakeEvent(int device);
   void ReturnEvent(gpu::Event e, int device);
   void CompletionLoop();
@@ -114,6 +140,7 @@ class XgmiBackend : public Backend {
 
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
+  bool reaper_asleep_ = false;  // guarded by pending_mu_: Run wakes the completion thread only then
   std::deque<std::shared_ptr<PendingCopy>> pending_;
   std::thread completion_thread_;
 
