@@ -31,6 +31,9 @@ class Session {
   BackendType backend_type() const { return backend_->Type(); }
   const MemoryDesc& local_desc() const { return local_->desc; }
   const MemoryDesc& remote_desc() const { return remote_; }
+  // For stream-ordered transfers (csrc/torch/ops.cpp).
+  const std::shared_ptr<LocalMemory>& local() const { return local_; }
+  BackendPeer& peer() const { return *peer_; }
 
  private:
   StatusPtr Submit(bool is_read, const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,

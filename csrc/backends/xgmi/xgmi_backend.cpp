@@ -209,6 +209,7 @@ size_t XgmiBackend::Reap() {
 }
 
 void XgmiBackend::CompletionLoop() {
+  gpu::RelaxCaptureModeForThisThread();  // event queries must not break a capture elsewhere
   while (true) {
     {
       std::unique_lock<std::mutex> lk(pending_mu_);
