@@ -121,13 +121,18 @@ void WarmUpStreamKernels(int device) {
   SetDevice(device);
   // Zero-work launches load the module (lazy loading would otherwise load it
   // at a first launch that can sit behind a pending stream wait). No sync:
-  // another stream may be held by a wait right now.
+  // another stream may be held by a wait right now. A stream of its own, not
+  // the legacy one, so a capture elsewhere is never joined.
+  Stream s = CreateStream(device);
+  auto* stream = static_cast<gpuStream_t>(s);
   StreamCopyArgs nothing;
   nothing.count = 0;
-  StreamCopyKernel<<<1, 1>>>(nothing, 1);
-  FlagWriteKernel<<<1, 1>>>(nullptr, 0);
-  FlagWaitKernel<<<1, 1>>>(nullptr, 0);
-  CheckLaunch("stream kernel warm-up");
+  StreamCopyKernel<<<1, 1, 0, stream>>>(nothing, 1);
+  FlagWriteKernel<<<1, 1, 0, stream>>>(nullptr, 0);
+  FlagWaitKernel<<<1, 1, 0, stream>>>(nullptr, 0);
+  gpuError_t e = gpuGetLastError();
+  DestroyStream(s, device);
+  if (e != gpuSuccess) throw Error(StatusCode::ERR_GPU_OP, std::string("stream kernel warm-up: ") + gpuGetErrorString(e));
 }
 
 }  // namespace gpu

@@ -160,18 +160,19 @@ bool IsRegistered(const OpCall& c) {
   return reinterpret_cast<uint64_t>(c.local.data_ptr()) == c.os->session->local()->desc.data;
 }
 
-// Copies the listed local segments between `local` (host memory other than
-// the registration) and the registration, in the direction given.
-void StageSegments(const OpCall& c, const std::vector<int64_t>& lo, const std::vector<int64_t>& sz, bool to_local) {
-  auto* reg = reinterpret_cast<char*>(c.os->session->local()->desc.data);
-  auto* mine = static_cast<char*>(c.local.data_ptr());
-  const uint64_t total = c.os->session->local()->desc.size;
+// Copies the local segments (byte offsets) between `copy`, host memory laid
+// out like the registration, and the registration itself; segments outside
+// it are skipped (the transfer refuses them).
+void StageSegments(const LocalMemory& reg, char* copy, const std::vector<int64_t>& lo, const std::vector<int64_t>& sz,
+                   bool to_copy) {
+  char* base = reg.Base();
   for (size_t i = 0; i < lo.size(); ++i) {
-    if (!gpu::InsideRange(lo[i], sz[i], total)) continue;  // the transfer refused it already
-    if (to_local) {
-      std::memcpy(mine + lo[i], reg + lo[i], sz[i]);
+    if (!gpu::InsideRange(lo[i], sz[i], reg.desc.size)) continue;
+    const size_t n = static_cast<size_t>(sz[i]);
+    if (to_copy) {
+      std::memcpy(copy + lo[i], base + lo[i], n);
     } else {
-      std::memcpy(reg + lo[i], mine + lo[i], sz[i]);
+      std::memcpy(base + lo[i], copy + lo[i], n);
     }
   }
 }
@@ -254,13 +255,15 @@ void RunOnHost(OpCall c) {
     if (code != StatusCode::SUCCESS) throw Error(code, std::string(c.name) + ": " + msg);
     Session& s = *c.os->session;
     const bool staged = !IsRegistered(c);
-    if (staged && !c.is_read) StageSegments(c, lo, sz, false);
+    const LocalMemory& reg = *s.local();
+    auto* copy = static_cast<char*>(c.local.data_ptr());
+    if (staged && !c.is_read) StageSegments(reg, copy, lo, sz, false);
     const TransferUid uid = s.AllocateTransferUid();
     StatusPtr st = c.is_read ? s.BatchRead(lo, ro, sz, uid) : s.BatchWrite(lo, ro, sz, uid);
     st->Wait();
     code = st->Code();
     if (code != StatusCode::SUCCESS) throw Error(code, std::string(c.name) + ": " + st->Message());
-    if (staged && c.is_read) StageSegments(c, lo, sz, true);
+    if (staged && c.is_read) StageSegments(reg, copy, lo, sz, true);
   } catch (const Error& e) {
     Rethrow(e);
   }
@@ -306,7 +309,7 @@ void LaunchOnDevice(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturi
 
 void RingDoorbell(OpCall& c, gpu::Stream stream, bool capturing) {
   TORCH_CHECK_VALUE(IsRegistered(c), c.name,
-                    ": on a GPU stream with a host-driven backend, local must be the registered tensor itself");
+                    ": with a host-driven backend, a GPU local tensor must be the registered tensor itself");
   auto& service = DoorbellService::Instance();
   const size_t entries = c.segs.local_offsets || c.lists[0].defined() ? static_cast<size_t>(c.segs.count) : 0;
   std::shared_ptr<DoorbellSlot> slot;
@@ -368,6 +371,21 @@ void RunOnStream(OpCall c) {
   }
   if (c.os->session->peer().RunsOnStream()) {
     LaunchOnDevice(c, dev, stream, capturing);
+  } else if (c.local.is_cpu() && !IsRegistered(c)) {
+    // A host copy of the registration (torch.compile could not reinplace):
+    // host code the compiler placed after the op reads it unordered with the
+    // stream, so this op completes on the host, after the stream's work.
+    TORCH_CHECK_VALUE(!capturing, c.name,
+                      ": under CUDA graph capture, local must be the registered tensor itself");
+    try {
+      gpu::SynchronizeStream(stream);
+    } catch (const Error& e) {
+      Rethrow(e);
+    }
+    for (auto& t : c.lists) {
+      if (t.defined()) t = t.cpu();
+    }
+    RunOnHost(std::move(c));
   } else {
     RingDoorbell(c, stream, capturing);
   }

@@ -229,8 +229,8 @@ def run_xgmi_steps(step, x, n=4):
     outs = []
     for i in range(n):
         d = lambda v: torch.tensor(v, device="cuda")  # noqa: E731
-        outs.append(step(x.local, d([i, i + 8]), d([100 + i, 120 + i]), d([50 + i, 60 + i]), d([100 + i, 7 + i]),
-                         3 + i))
+        out = step(x.local, d([i, i + 8]), d([100 + i, 120 + i]), d([50 + i, 60 + i]), d([100 + i, 7 + i]), 3 + i)
+        outs.append(out.clone())  # CUDA-graph outputs are overwritten by the next replay
     torch.cuda.synchronize()
     return torch.stack(outs).cpu(), x.local.cpu(), x.remote.cpu()
 
@@ -297,10 +297,11 @@ def test_cuda_graph_xgmi_replays_with_new_block_tables(xgmi):
     remote_in = torch.zeros(2, dtype=torch.int64, device="cuda")
     seed = torch.zeros((), dtype=torch.int32, device="cuda")
     col = torch.arange(PAGE, device="cuda", dtype=torch.int32)
+    rows = torch.tensor([[0], [1]], device="cuda", dtype=torch.int32)
     lv = x.local.view(PAGES, PAGE)
 
     def step():
-        lv[0:2] = ((col[None, :] + seed + torch.tensor([[0], [1]], device="cuda")) % 251).to(torch.uint8)
+        lv[0:2] = ((col[None, :] + seed + rows) % 251).to(torch.uint8)
         ops.write_pages(x.h, x.local, out_pages, remote_out, PAGE)
         ops.read_pages(x.h, x.local, in_pages, remote_in, PAGE)
         return lv[2:4].to(torch.int64).sum(dim=1)
@@ -341,11 +342,12 @@ def test_cuda_graph_tcp_replays_with_new_block_tables(tcp):
     local_in = torch.tensor([2, 3], device="cuda")
     seed = torch.zeros((), dtype=torch.int32, device="cuda")
     col = torch.arange(PAGE, device="cuda", dtype=torch.int32)
+    rows = torch.tensor([[0], [1]], device="cuda", dtype=torch.int32)
     staging = torch.zeros(2, PAGE, dtype=torch.uint8, device="cuda")
     lv = t.local.view(PAGES, PAGE)
 
     def step():
-        staging.copy_(((col[None, :] + seed + torch.tensor([[0], [1]], device="cuda")) % 251).to(torch.uint8))
+        staging.copy_(((col[None, :] + seed + rows) % 251).to(torch.uint8))
         lv[0:2].copy_(staging, non_blocking=True)
         ops.write_pages(t.h, t.local, local_out, remote_out, PAGE)
         ops.read_pages(t.h, t.local, local_in, remote_in, PAGE)
@@ -394,6 +396,8 @@ def test_capture_while_engine_threads_work(xgmi, tcp):
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
+    # The engines are in use already (their lanes set up) when capture starts.
+    wait_ok(xgmi.sess.batch_read([0, 8192], [4096, 65536], [4096, 4096], xgmi.sess.allocate_transfer_uid()))
     th = threading.Thread(target=traffic)
     th.start()
     try:

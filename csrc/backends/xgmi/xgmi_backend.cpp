@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/logging.h"
+#include "gpu/stream_ops.h"
 
 namespace mori_torch {
 namespace xgmi {
@@ -35,6 +36,7 @@ struct PendingCopy {
 
   // Checks the event; ends the status when the copies finished or failed.
   void Poll() {
+    gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
     std::lock_guard<std::mutex> lk(mu);
     if (done || !event) return;
     try {
@@ -114,6 +116,7 @@ void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
 }
 
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
+  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
   const StatusPtr status = op.status;
   auto pending = std::make_shared<PendingCopy>();
   pending->status = status;
