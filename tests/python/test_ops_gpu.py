@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -229,7 +230,8 @@ def run_xgmi_steps(step, x, n=4):
     outs = []
     for i in range(n):
         d = lambda v: torch.tensor(v, device="cuda")  # noqa: E731
-        out = step(x.local, d([i, i + 8]), d([100 + i, 120 + i]), d([50 + i, 60 + i]), d([100 + i, 7 + i]), 3 + i)
+        scale = torch.tensor(3 + i, device="cuda")  # a tensor: new values need no recompile or re-record
+        out = step(x.local, d([i, i + 8]), d([100 + i, 120 + i]), d([50 + i, 60 + i]), d([100 + i, 7 + i]), scale)
         outs.append(out.clone())  # CUDA-graph outputs are overwritten by the next replay
     torch.cuda.synchronize()
     return torch.stack(outs).cpu(), x.local.cpu(), x.remote.cpu()
@@ -315,7 +317,7 @@ def test_cuda_graph_xgmi_replays_with_new_block_tables(xgmi):
     with torch.cuda.graph(g):
         sums = step()
     for i in range(100):
-        ro = [(7 * i) % 128 + 128, (7 * i) % 128 + 128 + 1]
+        ro = [(7 * i) % 120 + 128, (7 * i) % 120 + 128 + 1]
         ri = [ro[0], (13 * i) % 128]  # one page just written, one untouched
         remote_out.copy_(torch.tensor(ro))
         remote_in.copy_(torch.tensor(ri))
@@ -330,6 +332,18 @@ def test_cuda_graph_xgmi_replays_with_new_block_tables(xgmi):
         assert torch.equal(pages_of(x.local, 3), pages_of(x.remote, ri[1])), f"replay {i}"
         assert int(sums[0]) == int(want0.to(torch.int64).sum()), f"replay {i}"
     ops.check_errors(x.h)
+
+
+def settled_watched_slots():
+    deadline = time.monotonic() + 5
+    last = -1
+    while time.monotonic() < deadline:
+        now = torch.ops.mori.doorbell_slots_watched()
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.05)
+    return last
 
 
 def test_cuda_graph_tcp_replays_with_new_block_tables(tcp):
@@ -359,7 +373,8 @@ def test_cuda_graph_tcp_replays_with_new_block_tables(tcp):
     with torch.cuda.stream(s):
         step()
     torch.cuda.current_stream().wait_stream(s)
-    watched = torch.ops.mori.doorbell_slots_watched()
+    torch.cuda.synchronize()
+    watched = settled_watched_slots()  # the warm-up's one-shot slots are back in the pool
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         sums = step()
