@@ -466,3 +466,43 @@ def test_spin_kernel_fallback():
                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "spin fallback ok" in out.stdout
+
+
+# ---------------------------------------------------------------------------
+# A stalled peer while the stream waits: the stream is released with an
+# error, and a kernel this process never launched before (lazy module
+# loading synchronizes with the device) stalls only until then.
+
+
+def test_stalled_peer_releases_the_stream_and_a_first_kernel_launch_is_bounded():
+    import signal
+
+    from conftest import RemoteTarget, make_engine
+
+    target = RemoteTarget(nbytes=PAGE * PAGES, op_timeout_ms=2000)
+    eng = make_engine("stall", op_timeout_ms=2000)
+    try:
+        eng.register_remote_engine(target.engine_desc)
+        local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, pin_memory=True)
+        sess = eng.create_session(eng.register_torch_tensor(local), target.mem_desc)
+        h = ops.session_handle(sess)
+        os.kill(target.pid, signal.SIGSTOP)
+        try:
+            s = torch.cuda.Stream()
+            t0 = time.monotonic()
+            with torch.cuda.stream(s):
+                ops.read_pages(h, local, torch.tensor([0], device="cuda"), torch.tensor([1], device="cuda"), PAGE)
+            # A torch kernel never launched in this process, on another stream.
+            y = torch.special.bessel_j1(torch.linspace(0, 1, 64, device="cuda"))
+            torch.cuda.synchronize()
+            waited = time.monotonic() - t0
+        finally:
+            os.kill(target.pid, signal.SIGCONT)
+        assert float(y[-1]) > 0.4
+        assert waited < 30, f"the stream stayed blocked {waited:.1f} s"
+        with pytest.raises(RuntimeError, match="stream-ordered transfer failed"):
+            ops.check_errors(h)
+        ops.release_session_handle(h)
+    finally:
+        eng.shutdown()
+        target.close()
