@@ -142,7 +142,7 @@ def _register_fakes():
         torch.library.register_fake(f"mori::{name}")(fake_lists)
     # Writes mutate no input and return nothing: without this, dead-code
     # elimination (FX, AOTAutograd, Inductor) would drop them.
-    for name in ("write", "batch_write", "write_pages"):
+    for name in ("write", "batch_write", "write_pages", "check_errors"):
         torch.fx.node.has_side_effect(getattr(_ops, name).default)
 
 
