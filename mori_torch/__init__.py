@@ -22,3 +22,9 @@ from . import _C  # noqa: E402,F401  (registers torch.classes.mori.* and torch.o
 from . import ops  # noqa: E402,F401  (fake implementations of torch.ops.mori.*)
 
 __version__ = "0.1.0"
+
+
+def pinned_host_bytes() -> int:
+    """Bytes of host memory mori_torch holds pinned right now (the TCP
+    backend's staging buffers for GPU memory); 0 without GPU support."""
+    return torch.classes.mori.Engine.pinned_host_bytes()

@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("mori_torch options")
     m.add_argument("--num-data-conns", type=_positive_int, default=8,
                    help="TcpBackendConfig.num_data_conns, also the baseline's connection limit (default: 8)")
+    m.add_argument("--staging-chunk-bytes", type=parse_size, default=None,
+                   help="TcpBackendConfig.staging_chunk_bytes (GPU memory over TCP; default: the config's)")
+    m.add_argument("--staging-depth", type=_positive_int, default=None,
+                   help="TcpBackendConfig.staging_depth (GPU memory over TCP; default: the config's)")
     m.add_argument("--shuffle", action="store_true",
                    help="permute the remote offsets (no two segments adjacent) so segments cannot merge")
     m.add_argument("--sweep-step", type=int, choices=(2, 4), default=2,
@@ -168,7 +172,10 @@ def check_args(args: argparse.Namespace) -> None:
             f"for now (supported: {', '.join(SUPPORTED_BACKENDS)})"
         )
     if args.mem_type == "gpu":
-        raise BenchError("--mem-type gpu is not supported yet: the tcp backend moves host (cpu) memory only")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BenchError("--mem-type gpu needs a CUDA/HIP GPU; none is visible")
     if args.json_append and not args.json:
         raise BenchError("--json-append needs --json PATH")
 
@@ -268,6 +275,36 @@ def digest(mv: memoryview, offsets: Sequence[int], seg: int) -> str:
         h.update(mv[offsets[i] : offsets[j - 1] + seg])
         i = j
     return h.hexdigest()
+
+
+class BenchBuffer:
+    """The registered buffer (on cuda:0 with --mem-type gpu) and its host
+    side: the socket baseline moves host memory, and data checks hash a host
+    copy of GPU bytes."""
+
+    def __init__(self, nbytes: int, gpu: bool):
+        import torch
+
+        self.gpu = gpu
+        self.mem = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0" if gpu else "cpu")
+        self.host = torch.empty(nbytes, dtype=torch.uint8) if gpu else self.mem
+        self.mv = tensor_view(self.host)
+
+    def fill(self, kind: str, seed: int, nbytes: int) -> None:
+        fill(self.host, kind, seed, nbytes)
+        if self.gpu:
+            import torch
+
+            self.mem[:nbytes].copy_(self.host[:nbytes])
+            torch.cuda.synchronize()
+
+    def digest(self, offsets: Sequence[int], seg: int) -> str:
+        if self.gpu:
+            import torch
+
+            self.host.copy_(self.mem)
+            torch.cuda.synchronize()
+        return digest(self.mv, offsets, seg)
 
 
 def fill(t, kind: str, seed: int, nbytes: int) -> None:
@@ -443,9 +480,9 @@ def _target_main(conn, cfg: dict) -> None:
             io.set_log_level("error")
         engine = io.IOEngine(f"bench-target-{os.getpid()}", io.IOEngineConfig(cfg["host"], 0))
         engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(**cfg["tcp"]))
-        buf = torch.empty(cfg["buffer_bytes"], dtype=torch.uint8)
-        mem = engine.register_torch_tensor(buf)
-        mv = tensor_view(buf)
+        buf = BenchBuffer(cfg["buffer_bytes"], cfg["gpu"])
+        mem = engine.register_torch_tensor(buf.mem)
+        mv = buf.mv
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         _tune(lsock)  # accepted sockets inherit the buffer sizes
@@ -471,11 +508,11 @@ def _target_main(conn, cfg: dict) -> None:
                 conn.send(("ok",))
             elif cmd == "fill":
                 kind, seed, nbytes = a
-                fill(buf, kind, seed, nbytes)
+                buf.fill(kind, seed, nbytes)
                 conn.send(("ok",))
             elif cmd == "digest":
                 offsets, seg = a
-                conn.send(("ok", digest(mv, offsets, seg)))
+                conn.send(("ok", buf.digest(offsets, seg)))
             elif cmd == "pop_notices":
                 key, uids, timeout_s = a
                 deadline = time.monotonic() + timeout_s
@@ -571,16 +608,21 @@ class Initiator:
         self.io = io
         self.args = args
         tcp = dict(num_data_conns=args.num_data_conns, enable_notification=not args.no_notification)
-        self.target = Target(dict(host=args.host, tcp=tcp, buffer_bytes=buffer_bytes, quiet_log=False))
+        if args.staging_chunk_bytes is not None:
+            tcp["staging_chunk_bytes"] = args.staging_chunk_bytes
+        if args.staging_depth is not None:
+            tcp["staging_depth"] = args.staging_depth
+        gpu = args.mem_type == "gpu"
+        self.target = Target(dict(host=args.host, tcp=tcp, buffer_bytes=buffer_bytes, quiet_log=False, gpu=gpu))
         self.engine = None
         self.socks: List[socket.socket] = []
         try:
             _, eng_desc, mem_desc, bport = self.target.recv(120)
             self.engine = io.IOEngine(f"bench-initiator-{os.getpid()}", io.IOEngineConfig(args.host, 0))
             self.engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(**tcp))
-            self.buf = torch.empty(buffer_bytes, dtype=torch.uint8)
-            self.mem = self.engine.register_torch_tensor(self.buf)
-            self.mv = tensor_view(self.buf)
+            self.buf = BenchBuffer(buffer_bytes, gpu)
+            self.mem = self.engine.register_torch_tensor(self.buf.mem)
+            self.mv = self.buf.mv
             self.remote_engine = io.EngineDesc.unpack(eng_desc)
             self.remote_mem = io.MemoryDesc.unpack(mem_desc)
             self.engine.register_remote_engine(self.remote_engine)
@@ -656,14 +698,14 @@ class Initiator:
         # transfer, then both sides hash the segments in order.
         seed = self.args.seed + case.seg * 7919 + case.n
         src_local = case.op == "write"
-        fill(self.buf, "random" if src_local else "zero", seed, case.total)
+        self.buf.fill("random" if src_local else "zero", seed, case.total)
         span = max(roffs) + case.seg
         self.target.call("fill", "zero" if src_local else "random", seed + 1, span)
         sts, uids = self._submit(case, loffs, roffs, sizes)
         for s in sts:
             s.Wait()
         self._check(sts)
-        mine = digest(self.mv, loffs, case.seg)
+        mine = self.buf.digest(loffs, case.seg)
         _, theirs = self.target.call("digest", roffs, case.seg)
         if mine != theirs:
             raise BenchError(

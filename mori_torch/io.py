@@ -110,6 +110,10 @@ class TcpBackendConfig:
     # mori_torch extensions
     connect_timeout_ms: int = 5000
     enable_notification: bool = True
+    # GPU memory goes through pinned staging buffers: per connection and
+    # direction, staging_depth chunks of staging_chunk_bytes in flight.
+    staging_chunk_bytes: int = 512 * 1024
+    staging_depth: int = 4
 
 
 _CONFIG_TYPES = {

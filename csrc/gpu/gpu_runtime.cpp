@@ -1,10 +1,13 @@
 #include "gpu/gpu_runtime.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/types.h"
@@ -19,6 +22,12 @@
 
 namespace mori_torch {
 namespace gpu {
+
+namespace {
+std::atomic<uint64_t> g_pinned_bytes{0};
+}  // namespace
+
+uint64_t PinnedBytes() { return g_pinned_bytes.load(std::memory_order_relaxed); }
 
 #if MORI_WITH_GPU
 namespace {
@@ -161,6 +170,34 @@ int QueryEvent(Event e) {
 
 void SynchronizeStream(Stream s) { Check(gpuStreamSynchronize(static_cast<gpuStream_t>(s)), "StreamSynchronize"); }
 
+void SynchronizeEvent(Event e) { Check(gpuEventSynchronize(static_cast<gpuEvent_t>(e)), "EventSynchronize"); }
+
+int NumaNodeOf(int device) {
+  char bus[64] = {0};
+  if (gpuDeviceGetPCIBusId(bus, sizeof(bus), device) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return -1;
+  }
+  for (char* c = bus; *c; ++c) *c = static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+  // POSIX I/O, not iostreams: see core/logging.h on locale facets.
+  const std::string path = std::string("/sys/bus/pci/devices/") + bus + "/numa_node";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[16] = {0};
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  return static_cast<int>(std::strtol(text, nullptr, 10));
+}
+
+void RelaxCaptureModeForThisThread() {
+  thread_local bool relaxed = false;
+  if (relaxed) return;
+  gpuStreamCaptureMode mode = gpuStreamCaptureModeRelaxed;
+  Check(gpuThreadExchangeStreamCaptureMode(&mode), "ThreadExchangeStreamCaptureMode");
+  relaxed = true;
+}
+
 void CopyAsync(uint64_t dst, uint64_t src, uint64_t bytes, Stream s) {
   Check(gpuMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, gpuMemcpyDefault,
                        static_cast<gpuStream_t>(s)),
@@ -207,13 +244,21 @@ void* PinnedAlloc(size_t bytes, int numa_node) {
     munmap(p, bytes);  // nothing pinned stays behind
     Check(e, "HostRegister");
   }
+  g_pinned_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return p;
+}
+
+uint64_t DevicePointerOfPinned(void* p) {
+  void* d = nullptr;
+  Check(gpuHostGetDevicePointer(&d, p, 0), "HostGetDevicePointer");
+  return reinterpret_cast<uint64_t>(d);
 }
 
 void PinnedFree(void* p, size_t bytes) {
   if (!p) return;
   (void)gpuHostUnregister(p);
   munmap(p, bytes);
+  g_pinned_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 #else  // CPU-only build: every entry point says there is no GPU.
@@ -240,6 +285,9 @@ void DestroyEvent(Event, int) {}
 void RecordEvent(Event, Stream) { NoGpu("RecordEvent"); }
 int QueryEvent(Event) { NoGpu("QueryEvent"); }
 void SynchronizeStream(Stream) {}
+void SynchronizeEvent(Event) { NoGpu("SynchronizeEvent"); }
+int NumaNodeOf(int) { return -1; }
+void RelaxCaptureModeForThisThread() {}
 void CopyAsync(uint64_t, uint64_t, uint64_t, Stream) { NoGpu("CopyAsync"); }
 void* DeviceAlloc(int, size_t) { NoGpu("DeviceAlloc"); }
 void DeviceFree(void*, int) {}
@@ -247,6 +295,7 @@ void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchSegm
 void WarmUpKernels(int) {}
 void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
 void PinnedFree(void*, size_t) {}
+uint64_t DevicePointerOfPinned(void*) { NoGpu("DevicePointerOfPinned"); }
 void EnablePeerAccess(int, int) { NoGpu("EnablePeerAccess"); }
 void SetDevice(int) { NoGpu("SetDevice"); }
 int CurrentDevice() { return -1; }

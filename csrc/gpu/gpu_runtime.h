@@ -47,6 +47,8 @@ void RecordEvent(Event e, Stream s);
 // 1 done, 0 pending; throws on a device error.
 int QueryEvent(Event e);
 void SynchronizeStream(Stream s);
+// Blocks until `e` has fired; throws on a device error.
+void SynchronizeEvent(Event e);
 
 // Device-to-device (or any UVA) copy, asynchronous on `s`.
 void CopyAsync(uint64_t dst, uint64_t src, uint64_t bytes, Stream s);
@@ -71,6 +73,18 @@ void WarmUpKernels(int device);
 // cudaHostAlloc); released safely if registration fails.
 void* PinnedAlloc(size_t bytes, int numa_node);
 void PinnedFree(void* p, size_t bytes);
+// The address through which kernels reach PinnedAlloc memory at `p`.
+uint64_t DevicePointerOfPinned(void* p);
+// Bytes of host memory PinnedAlloc holds pinned now (leak checks, diagnostics).
+uint64_t PinnedBytes();
+
+// NUMA node of `device`'s PCI function (sysfs), -1 when unknown.
+int NumaNodeOf(int device);
+// Exempts the calling thread's CUDA/HIP calls from other threads' stream
+// captures (thread-local capture mode "relaxed"): engine threads copy and
+// poll while a user thread captures a graph. Idempotent, cheap after the
+// first call on a thread; a no-op without GPU support.
+void RelaxCaptureModeForThisThread();
 
 // Lets `device` reach `peer`'s memory directly (same process); idempotent.
 void EnablePeerAccess(int device, int peer);

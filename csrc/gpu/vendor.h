@@ -39,12 +39,17 @@
 #define gpuEventDestroy hipEventDestroy
 #define gpuEventRecord hipEventRecord
 #define gpuEventQuery hipEventQuery
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuStreamCaptureMode hipStreamCaptureMode
+#define gpuStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define gpuThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDefault hipMemcpyDefault
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuHostRegister hipHostRegister
 #define gpuHostUnregister hipHostUnregister
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
 #define gpuHostRegisterPortable hipHostRegisterPortable
 #define gpuHostRegisterMapped hipHostRegisterMapped
 #define gpuMemGetAddressRange(base, size, ptr) hipMemGetAddressRange(base, size, ptr)
@@ -81,12 +86,17 @@
 #define gpuEventDestroy cudaEventDestroy
 #define gpuEventRecord cudaEventRecord
 #define gpuEventQuery cudaEventQuery
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuStreamCaptureMode cudaStreamCaptureMode
+#define gpuStreamCaptureModeRelaxed cudaStreamCaptureModeRelaxed
+#define gpuThreadExchangeStreamCaptureMode cudaThreadExchangeStreamCaptureMode
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDefault cudaMemcpyDefault
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuHostRegister cudaHostRegister
 #define gpuHostUnregister cudaHostUnregister
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
 #define gpuHostRegisterPortable cudaHostRegisterPortable
 #define gpuHostRegisterMapped cudaHostRegisterMapped
 #endif

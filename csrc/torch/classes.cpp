@@ -9,6 +9,7 @@
 #include "core/engine.h"
 #include "torch/classes.h"
 #include "core/logging.h"
+#include "gpu/gpu_runtime.h"
 
 namespace mori_torch {
 namespace bind {
@@ -330,6 +331,7 @@ TORCH_LIBRARY(mori, m) {
              return static_cast<int64_t>(Engine::WaitAll(v, timeout_ms));
            })
       .def("shutdown", [](const EngineRef& self) { self->e->Shutdown(); })
+      .def_static("pinned_host_bytes", []() { return static_cast<int64_t>(gpu::PinnedBytes()); })
       .def_static("set_log_level", [](const std::string& level) {
         Guard([&] {
           SetLogLevel(level);

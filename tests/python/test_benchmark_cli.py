@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = {
@@ -54,8 +55,22 @@ def test_unimplemented_backend_is_refused(backend):
     assert "Traceback" not in p.stderr
 
 
-def test_gpu_memory_is_refused():
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_gpu_memory_without_gpu_is_refused():
     p = _run("--mem-type", "gpu", timeout=60)
     assert p.returncode != 0
-    assert "--mem-type gpu is not supported yet" in p.stderr
+    assert "--mem-type gpu needs a CUDA/HIP GPU" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_gpu_memory_over_tcp(tmp_path, op):
+    out = tmp_path / "bench.json"
+    p = _run(
+        "--mem-type", "gpu", "--op-type", op, "--buffer-size", "1M", "--transfer-batch-size", "8",
+        "--enable-batch-transfer", "--shuffle", "--iters", "3", "--warmup", "1", "--json", str(out),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    (r,) = json.loads(out.read_text())
+    assert r["mem"] == "gpu" and r["op"] == op and r["verified"] is True and r["gbps"] > 0

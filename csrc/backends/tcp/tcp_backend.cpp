@@ -2,18 +2,23 @@
 
 #include <sys/socket.h>
 
+#include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
 
 namespace mori_torch {
 namespace tcp {
 
 bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc&) const {
-  return local.loc == MemoryLocationType::CPU && remote.loc == MemoryLocationType::CPU;
+  // GPU memory goes through pinned staging buffers on whichever side holds it.
+  auto movable = [](const MemoryDesc& m) {
+    return m.loc == MemoryLocationType::CPU || m.loc == MemoryLocationType::GPU;
+  };
+  return movable(local) && movable(remote);
 }
 
 std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
   return peers_.GetOrCreate(remote.key, [&] {
-    auto p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_);
+    auto p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_, staging_);
     if (shut_.load()) p->Close("TCP backend was removed");
     return p;
   });
@@ -26,8 +31,11 @@ void TcpBackend::RemovePeer(const std::string& key) {
 void TcpBackend::Shutdown() {
   if (shut_.exchange(true)) return;
   for (auto& p : peers_.TakeAll()) p->Close("TCP backend was removed or its engine shut down");
-  std::lock_guard<std::mutex> lk(inbound_mu_);
-  for (int fd : inbound_fds_) ::shutdown(fd, SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> lk(inbound_mu_);
+    for (int fd : inbound_fds_) ::shutdown(fd, SHUT_RDWR);
+  }
+  staging_->Close();
 }
 
 void TcpBackend::ServeData(const EngineDesc& peer, Socket& sock) {
@@ -41,13 +49,15 @@ void TcpBackend::ServeData(const EngineDesc& peer, Socket& sock) {
   SetBufferSizes(fd, static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
   SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
                static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
-  while (!shut_.load() && ServeRequest(peer, fd)) {
+  std::unique_ptr<gpu::StagingSet> staging;  // for GPU memory, taken on first use
+  while (!shut_.load() && ServeRequest(peer, fd, &staging)) {
   }
+  staging_->Give(std::move(staging));
   std::lock_guard<std::mutex> lk(inbound_mu_);
   inbound_fds_.erase(fd);
 }
 
-bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
+bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gpu::StagingSet>* staging) {
   if (!WaitReadable(fd, -1)) return false;
   const Deadline deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
   RequestHeader h;
@@ -105,14 +115,33 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
       }
     }
   }
+  const bool gpu_mem = code == StatusCode::SUCCESS && OnGpu(use->desc);
+  if (gpu_mem && !*staging) {
+    try {
+      *staging = staging_->Take(use->desc.device_id);
+    } catch (const Error& e) {
+      code = StatusCode::ERR_GPU_OP;
+      msg = std::string("rejected by target: no TCP staging buffers for its GPU memory: ") + e.what();
+    }
+  }
   std::vector<Segment> segs;
   if (code == StatusCode::SUCCESS) {
     segs.reserve(table.size());
     for (const auto& s : table) segs.push_back({0, s.offset, s.size});
   }
+  const DeviceBytes device_bytes{gpu_mem ? use->desc.data : 0, gpu_mem ? use->desc.device_id : -1, &segs,
+                                 /*local_side=*/false};
   std::vector<iovec> iov;
   if (op == Op::Write) {
-    if (code == StatusCode::SUCCESS) {
+    if (code == StatusCode::SUCCESS && gpu_mem) {
+      std::string gpu_error;
+      r = RecvStaged(fd, **staging, device_bytes, deadline, &gpu_error);
+      if (r.ok) r = Discard(fd, WirePad(h.total_bytes), deadline);
+      if (!gpu_error.empty()) {
+        code = StatusCode::ERR_GPU_OP;
+        msg = "target could not copy the payload into its GPU memory: " + gpu_error;
+      }
+    } else if (code == StatusCode::SUCCESS) {
       AppendIovecs(use->Base(), segs, false, &iov);
       char pad[kWireAlign];
       if (uint64_t n = WirePad(h.total_bytes)) iov.push_back({pad, n});
@@ -130,7 +159,17 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd) {
   AppendPadding(sizeof(rh) + msg.size(), &iov);
   if (op == Op::Read && code == StatusCode::SUCCESS) {
     rh.payload_bytes = h.total_bytes;
-    AppendIovecs(use->Base(), segs, false, &iov);
+    if (gpu_mem) {
+      r = WriteVFull(fd, iov, deadline);
+      iov.clear();
+      if (r.ok) r = SendStaged(fd, **staging, device_bytes, deadline);
+      if (!r.ok) {
+        MORI_LOG(Warning, "TCP read from GPU memory for '" << peer.key << "': " << r.error << "; closing");
+        return false;
+      }
+    } else {
+      AppendIovecs(use->Base(), segs, false, &iov);
+    }
     AppendPadding(h.total_bytes, &iov);
   }
   r = WriteVFull(fd, iov, deadline);

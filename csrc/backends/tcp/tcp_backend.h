@@ -1,5 +1,6 @@
 // BackendType.TCP: host memory over plain TCP, zero-copy from and into the
-// registered buffers. Each peer gets num_data_conns connections (opened on
+// registered buffers; GPU memory through pinned staging buffers, with the
+// device copies pipelined against the socket I/O (tcp_staged_io.h). Each peer gets num_data_conns connections (opened on
 // first use, reopened after a failure); transfers of at least
 // striping_threshold_bytes are striped across them.
 #pragma once
@@ -23,7 +24,8 @@ namespace tcp {
 
 class TcpPeer : public BackendPeer {
  public:
-  TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg);
+  TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg,
+          std::shared_ptr<gpu::StagingPool> staging);
   ~TcpPeer() override;
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
@@ -37,6 +39,7 @@ class TcpPeer : public BackendPeer {
   const EngineDesc self_;
   const EngineDesc remote_;
   const TcpConfig cfg_;
+  const std::shared_ptr<gpu::StagingPool> staging_;
   std::atomic<bool> closed_{false};
   std::string close_reason_;
   std::mutex mu_;
@@ -46,7 +49,12 @@ class TcpPeer : public BackendPeer {
 
 class TcpBackend : public Backend {
  public:
-  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx) : cfg_(cfg), ctx_(ctx) {}
+  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)
+      : cfg_(cfg),
+        ctx_(ctx),
+        staging_(std::make_shared<gpu::StagingPool>(static_cast<uint64_t>(cfg.staging_chunk_bytes),
+                                                    static_cast<int>(cfg.staging_depth),
+                                                    static_cast<size_t>(2 * cfg.num_data_conns))) {}
   ~TcpBackend() override { Shutdown(); }
   BackendType Type() const override { return BackendType::TCP; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
@@ -58,10 +66,12 @@ class TcpBackend : public Backend {
 
  private:
   // Target side of one request; false ends the connection.
-  bool ServeRequest(const EngineDesc& peer, int fd);
+  bool ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gpu::StagingSet>* staging);
 
   const TcpConfig cfg_;
   const BackendContext ctx_;
+  // Pinned bounce buffers for GPU memory, shared by all connections.
+  const std::shared_ptr<gpu::StagingPool> staging_;
   std::atomic<bool> shut_{false};
   PeerCache<TcpPeer> peers_;
   std::mutex inbound_mu_;

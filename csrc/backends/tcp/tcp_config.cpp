@@ -8,7 +8,8 @@ TcpConfig TcpConfig::FromMap(const BackendConfig& m) {
   CheckConfigKeys(m, kName,
                   {"sock_sndbuf_bytes", "sock_rcvbuf_bytes", "op_timeout_ms", "enable_keepalive",
                    "keepalive_idle_sec", "keepalive_intvl_sec", "keepalive_cnt", "enable_ctrl_nodelay",
-                   "num_data_conns", "striping_threshold_bytes", "connect_timeout_ms", "enable_notification"});
+                   "num_data_conns", "striping_threshold_bytes", "connect_timeout_ms", "enable_notification",
+                   "staging_chunk_bytes", "staging_depth"});
   TcpConfig c;
   constexpr int64_t kInt = INT32_MAX;
   c.sock_sndbuf_bytes = ConfigValue(m, kName, "sock_sndbuf_bytes", c.sock_sndbuf_bytes, 0, kInt);
@@ -24,6 +25,8 @@ TcpConfig TcpConfig::FromMap(const BackendConfig& m) {
       ConfigValue(m, kName, "striping_threshold_bytes", c.striping_threshold_bytes, 1, INT64_C(1) << 40);
   c.connect_timeout_ms = ConfigValue(m, kName, "connect_timeout_ms", c.connect_timeout_ms, 1, 1 << 30);
   c.enable_notification = ConfigValue(m, kName, "enable_notification", c.enable_notification, 0, 1) != 0;
+  c.staging_chunk_bytes = ConfigValue(m, kName, "staging_chunk_bytes", c.staging_chunk_bytes, 4096, INT64_C(1) << 30);
+  c.staging_depth = ConfigValue(m, kName, "staging_depth", c.staging_depth, 2, 16);
   return c;
 }
 

@@ -22,6 +22,10 @@ struct TcpConfig {
   int64_t connect_timeout_ms = 5000;
   // mori_torch extension: record inbound completion notices on the target.
   bool enable_notification = true;
+  // mori_torch extension: pinned staging for GPU memory, per connection and
+  // direction: `staging_depth` chunks of `staging_chunk_bytes` in flight.
+  int64_t staging_chunk_bytes = 512 << 10;  // measured best on H200 (docs/BENCHMARK.md)
+  int64_t staging_depth = 4;
 
   static TcpConfig FromMap(const BackendConfig& m);
 };

@@ -4,6 +4,7 @@
 
 #include <poll.h>
 
+#include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
 
 namespace mori_torch {
@@ -36,8 +37,9 @@ void AppendPadding(uint64_t n, std::vector<iovec>* iov) {
   if (uint64_t pad = WirePad(n)) iov->push_back({const_cast<char*>(WireZeros()), pad});
 }
 
-DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg)
-    : connect_(std::move(connect)), peer_key_(std::move(peer_key)), cfg_(cfg) {
+DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg,
+                   std::shared_ptr<gpu::StagingPool> staging)
+    : connect_(std::move(connect)), peer_key_(std::move(peer_key)), cfg_(cfg), staging_(std::move(staging)) {
   sender_ = std::thread([this] { SendLoop(); });
   receiver_ = std::thread([this] { RecvLoop(); });
 }
@@ -46,6 +48,8 @@ DataConn::~DataConn() {
   Break("connection closed");
   if (sender_.joinable()) sender_.join();
   if (receiver_.joinable()) receiver_.join();
+  staging_->Give(std::move(send_staging_));
+  staging_->Give(std::move(recv_staging_));
 }
 
 bool DataConn::Broken() const {
@@ -118,6 +122,16 @@ bool DataConn::Prepare(Part& p) {
       return false;
     }
   }
+  if (p.op != Op::Notice && OnGpu(p.local->desc)) {
+    auto& st = p.op == Op::Write ? send_staging_ : recv_staging_;
+    try {
+      if (!st) st = staging_->Take(p.local->desc.device_id);
+    } catch (const Error& e) {
+      p.use.reset();
+      Complete(p, StatusCode::ERR_GPU_OP, std::string("TCP staging buffers for GPU memory: ") + e.what());
+      return false;
+    }
+  }
   p.hdr.magic = kRequestMagic;
   p.hdr.op = static_cast<uint8_t>(p.op);
   p.hdr.flags = p.notify ? kFlagNotify : 0;
@@ -151,7 +165,6 @@ bool DataConn::Connect() {
 void DataConn::SendLoop() {
   if (!Connect()) return;
   std::vector<PartPtr> batch;
-  std::vector<iovec> iov;
   while (true) {
     batch.clear();
     {
@@ -170,23 +183,37 @@ void DataConn::SendLoop() {
       if (!batch.empty()) cv_.notify_all();  // wakes the receiver for the new in-flight requests
     }
     if (batch.empty()) continue;
-    iov.clear();
-    for (auto& p : batch) {
-      iov.push_back({&p->hdr, sizeof(p->hdr)});
-      if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});
-      AppendPadding(sizeof(p->hdr) + p->table.size() * sizeof(WireSegment), &iov);
-      if (p->op == Op::Write) {
-        AppendIovecs(p->use->Base(), p->segs, true, &iov);
-        AppendPadding(p->total, &iov);
-      }
-    }
-    IoResult r = WriteVFull(sock_.fd(), iov, batch.front()->deadline);
+    IoResult r = SendBatch(batch);
     for (auto& p : batch) p->use.reset();
     if (!r.ok) {
       Break(r.timed_out ? "send timed out after " + std::to_string(cfg_.op_timeout_ms) + " ms" : r.error);
       return;
     }
   }
+}
+
+IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
+  std::vector<iovec> iov;
+  const Deadline deadline = batch.front()->deadline;
+  for (auto& p : batch) {
+    iov.push_back({&p->hdr, sizeof(p->hdr)});
+    if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});
+    AppendPadding(sizeof(p->hdr) + p->table.size() * sizeof(WireSegment), &iov);
+    if (p->op != Op::Write) continue;
+    if (OnGpu(p->use->desc)) {
+      // Headers so far go out first; the payload follows through staging.
+      IoResult r = WriteVFull(sock_.fd(), iov, deadline);
+      iov.clear();
+      if (!r.ok) return r;
+      r = SendStaged(sock_.fd(), *send_staging_,
+                     {p->use->desc.data, p->use->desc.device_id, &p->segs, /*local_side=*/true}, deadline);
+      if (!r.ok) return r;
+    } else {
+      AppendIovecs(p->use->Base(), p->segs, true, &iov);
+    }
+    AppendPadding(p->total, &iov);
+  }
+  return WriteVFull(sock_.fd(), iov, deadline);
 }
 
 void DataConn::RecvLoop() {
@@ -227,7 +254,16 @@ void DataConn::RecvLoop() {
         return;
       }
       MemoryUse use(head->local);
-      if (use) {
+      if (use && OnGpu(use->desc)) {
+        std::string gpu_error;
+        r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true},
+                       head->deadline, &gpu_error);
+        if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), head->deadline);
+        if (!gpu_error.empty()) {
+          code = StatusCode::ERR_GPU_OP;
+          msg = "copying the read payload to GPU memory failed: " + gpu_error;
+        }
+      } else if (use) {
         iov.clear();
         AppendIovecs(use->Base(), head->segs, true, &iov);
         char pad[kWireAlign];

@@ -21,6 +21,7 @@
 #include "core/net.h"
 #include "core/segments.h"
 #include "core/transfer_tracker.h"
+#include "gpu/staging.h"
 
 namespace mori_torch {
 namespace tcp {
@@ -49,7 +50,9 @@ class DataConn {
  public:
   // `connect` opens the socket (throws Error); it runs on the sender thread,
   // and requests queued meanwhile fail with its error if it throws.
-  DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg);
+  // `staging` lends pinned bounce buffers for GPU memory.
+  DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg,
+           std::shared_ptr<gpu::StagingPool> staging);
   ~DataConn();  // breaks the connection (ending its requests) and joins
   DataConn(const DataConn&) = delete;
   DataConn& operator=(const DataConn&) = delete;
@@ -67,9 +70,12 @@ class DataConn {
  private:
   void SendLoop();
   void RecvLoop();
-  // Fills the wire header and table; acquires write payloads. False if the
-  // part was failed instead (its local memory was deregistered).
+  // Fills the wire header and table; acquires write payloads and, for GPU
+  // memory, the staging buffers. False if the part was failed instead (its
+  // local memory was deregistered, or no buffers could be pinned).
   bool Prepare(Part& p);
+  // Writes a batch of prepared parts back to back.
+  IoResult SendBatch(const std::vector<PartPtr>& batch);
   // Runs connect_; false (connection broken) if it failed.
   bool Connect();
   void Complete(Part& p, StatusCode code, const std::string& msg);
@@ -86,8 +92,15 @@ class DataConn {
   bool broken_ = false;
   std::string broken_reason_;
   uint64_t next_req_id_ = 1;
+  std::shared_ptr<gpu::StagingPool> staging_;
+  // Bounce buffers of the sender (GPU write payloads) and of the receiver
+  // (GPU read payloads), taken from staging_ on first use under mu_.
+  std::unique_ptr<gpu::StagingSet> send_staging_, recv_staging_;
   std::thread sender_, receiver_;
 };
+
+// True when `m` is GPU memory (its bytes go through staging buffers).
+inline bool OnGpu(const MemoryDesc& m) { return m.loc == MemoryLocationType::GPU; }
 
 // Appends iovecs covering `segs` of memory at `base`, merging neighbours
 // that are adjacent in memory (whatever their other side).

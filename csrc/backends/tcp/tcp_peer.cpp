@@ -5,8 +5,13 @@
 namespace mori_torch {
 namespace tcp {
 
-TcpPeer::TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg)
-    : self_(self), remote_(std::move(remote)), cfg_(cfg), conns_(static_cast<size_t>(cfg.num_data_conns)) {}
+TcpPeer::TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg,
+                 std::shared_ptr<gpu::StagingPool> staging)
+    : self_(self),
+      remote_(std::move(remote)),
+      cfg_(cfg),
+      staging_(std::move(staging)),
+      conns_(static_cast<size_t>(cfg.num_data_conns)) {}
 
 TcpPeer::~TcpPeer() { Close("peer removed"); }
 
@@ -43,7 +48,7 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
                  static_cast<int>(cfg.keepalive_intvl_sec), static_cast<int>(cfg.keepalive_cnt));
     return s;
   };
-  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_);  // the broken one is joined here
+  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_, staging_);  // the broken one is joined here
   return c;
 }
 

@@ -1,0 +1,158 @@
+#include "gpu/staging.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "core/types.h"
+
+namespace mori_torch {
+namespace gpu {
+namespace {
+
+// Test hook: MORI_TORCH_FAIL_PINNED_CHUNK=k makes the k-th chunk of every
+// new set fail to pin, so tests can check that the ones before it are freed.
+int InjectedFailureAt() {
+  const char* v = std::getenv("MORI_TORCH_FAIL_PINNED_CHUNK");
+  return v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
+StagingSet::StagingSet(uint64_t chunk_bytes, int depth, int numa_node) : chunk_bytes_(chunk_bytes) {
+  if (chunk_bytes == 0 || depth < 1) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "staging set needs chunk_bytes > 0 and depth >= 1, got " +
+                                                  std::to_string(chunk_bytes) + " and " + std::to_string(depth));
+  }
+  const int fail_at = InjectedFailureAt();
+  chunks_.reserve(static_cast<size_t>(depth));
+  lists_bytes_ = static_cast<size_t>(depth) * kMaxPieces * sizeof(CopySegment);
+  try {
+    for (int i = 0; i < depth; ++i) {
+      if (fail_at == i + 1) {
+        throw Error(StatusCode::ERR_GPU_OP,
+                    "pinning staging chunk " + std::to_string(i + 1) + " failed (MORI_TORCH_FAIL_PINNED_CHUNK)");
+      }
+      Chunk c;
+      c.ptr = PinnedAlloc(chunk_bytes, numa_node);
+      chunks_.push_back(c);
+      chunks_.back().dev_ptr = DevicePointerOfPinned(c.ptr);
+    }
+    lists_ = PinnedAlloc(lists_bytes_, numa_node);
+    for (int i = 0; i < depth; ++i) {
+      chunks_[i].list = static_cast<CopySegment*>(lists_) + static_cast<size_t>(i) * kMaxPieces;
+      chunks_[i].list_dev_ptr = DevicePointerOfPinned(chunks_[i].list);
+    }
+  } catch (...) {
+    for (auto& c : chunks_) PinnedFree(c.ptr, chunk_bytes_);
+    chunks_.clear();
+    PinnedFree(lists_, lists_bytes_);
+    throw;
+  }
+}
+
+StagingSet::~StagingSet() {
+  try {
+    WaitAll();
+  } catch (const Error&) {
+    // A device error leaves nothing to wait for; free regardless.
+  }
+  for (auto& l : lanes_) {
+    for (Event e : l.events) DestroyEvent(e, l.device);
+    DestroyStream(l.stream, l.device);
+  }
+  for (auto& c : chunks_) PinnedFree(c.ptr, chunk_bytes_);
+  PinnedFree(lists_, lists_bytes_);
+}
+
+StagingSet::Lane& StagingSet::LaneOf(int device) {
+  for (auto& l : lanes_) {
+    if (l.device == device) return l;
+  }
+  RelaxCaptureModeForThisThread();
+  WarmUpKernels(device);  // before any stream of this process waits on host memory
+  Lane l;
+  l.device = device;
+  l.stream = CreateStream(device);
+  try {
+    for (size_t i = 0; i < chunks_.size(); ++i) l.events.push_back(CreateEvent(device));
+  } catch (...) {
+    for (Event e : l.events) DestroyEvent(e, device);
+    DestroyStream(l.stream, device);
+    throw;
+  }
+  lanes_.push_back(std::move(l));
+  return lanes_.back();
+}
+
+void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, int device) {
+  // Below this many pieces, copy-engine copies beat a kernel launch.
+  constexpr size_t kKernelMinPieces = 8;
+  Lane& l = LaneOf(device);
+  Chunk& c = chunks_[i];
+  const bool to_chunk = dir == Direction::kDeviceToChunk;
+  if (pieces.size() >= kKernelMinPieces && pieces.size() <= kMaxPieces) {
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const uint64_t host = c.dev_ptr + pieces[k].at;
+      c.list[k] = {to_chunk ? host : pieces[k].dev_ptr, to_chunk ? pieces[k].dev_ptr : host, pieces[k].bytes};
+    }
+    SetDevice(device);
+    LaunchSegmentCopy(reinterpret_cast<const CopySegment*>(c.list_dev_ptr), static_cast<uint32_t>(pieces.size()),
+                      l.stream);
+  } else {
+    const uint64_t host = reinterpret_cast<uint64_t>(c.ptr);
+    for (const auto& p : pieces) {
+      if (to_chunk) {
+        CopyAsync(host + p.at, p.dev_ptr, p.bytes, l.stream);
+      } else {
+        CopyAsync(p.dev_ptr, host + p.at, p.bytes, l.stream);
+      }
+    }
+  }
+  RecordEvent(l.events[i], l.stream);
+  c.sealed = l.events[i];
+}
+
+void StagingSet::Wait(int i) {
+  Event e = chunks_[i].sealed;
+  if (!e) return;
+  chunks_[i].sealed = nullptr;
+  SynchronizeEvent(e);
+}
+
+void StagingSet::WaitAll() {
+  for (auto& c : chunks_) c.sealed = nullptr;
+  for (auto& l : lanes_) SynchronizeStream(l.stream);
+}
+
+std::unique_ptr<StagingSet> StagingPool::Take(int device) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!idle_.empty()) {
+      auto s = std::move(idle_.back());
+      idle_.pop_back();
+      return s;
+    }
+  }
+  return std::make_unique<StagingSet>(chunk_bytes_, depth_, NumaNodeOf(device));
+}
+
+void StagingPool::Give(std::unique_ptr<StagingSet> set) {
+  if (!set) return;
+  try {
+    set->WaitAll();
+  } catch (const Error&) {
+    return;  // a set whose copies failed is not reused
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!closed_ && idle_.size() < max_idle_) idle_.push_back(std::move(set));
+}
+
+void StagingPool::Close() {
+  std::vector<std::unique_ptr<StagingSet>> drop;
+  std::lock_guard<std::mutex> lk(mu_);
+  closed_ = true;
+  drop.swap(idle_);
+}
+
+}  // namespace gpu
+}  // namespace mori_torch
