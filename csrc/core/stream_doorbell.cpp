@@ -154,7 +154,13 @@ bool DoorbellService::Step(DoorbellSlot& slot) {
 void DoorbellService::Loop() {
   // Backends called from here (TCP with GPU memory) may touch CUDA: never
   // break a capture on another thread.
-  gpu::RelaxCaptureModeForThisThread();
+  if (gpu::DeviceCount() > 0) {
+    try {
+      gpu::RelaxCaptureModeForThisThread();
+    } catch (const Error& e) {
+      MORI_LOG(Warning, "doorbell thread: " << e.what());
+    }
+  }
   using Clock = std::chrono::steady_clock;
   auto last_activity = Clock::now();
   while (true) {

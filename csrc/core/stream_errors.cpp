@@ -31,7 +31,7 @@ void FreeHostWords(void* p, size_t bytes, bool pinned) {
 
 StreamErrors::StreamErrors() {
   host_record_ = static_cast<gpu::StreamError*>(AllocHostWords(sizeof(gpu::StreamError), &pinned_));
-  if (pinned_) device_record_ = static_cast<gpu::StreamError*>(gpu::DevicePointerOf(host_record_));
+  if (pinned_) device_record_ = reinterpret_cast<gpu::StreamError*>(gpu::DevicePointerOfPinned(host_record_));
 }
 
 StreamErrors::~StreamErrors() { FreeHostWords(host_record_, sizeof(gpu::StreamError), pinned_); }

@@ -91,10 +91,5 @@ void EnablePeerAccess(int device, int peer);
 void SetDevice(int device);
 int CurrentDevice();
 
-// Engine threads that may touch CUDA call this once: their calls then never
-// invalidate a graph capture running on another thread (capture mode
-// relaxed for this thread). No-op without GPU support or devices.
-void RelaxCaptureModeForThisThread();
-
 }  // namespace gpu
 }  // namespace mori_torch

@@ -108,24 +108,16 @@ bool TryMemop(bool write, Stream s, uint32_t* device_flag, uint32_t value) {
 
 }  // namespace
 
-void* DevicePointerOf(void* pinned_host) {
-  void* d = nullptr;
-#if MORI_HIP
-  Check(hipHostGetDevicePointer(&d, pinned_host, 0), "HostGetDevicePointer");
-#else
-  Check(cudaHostGetDevicePointer(&d, pinned_host, 0), "HostGetDevicePointer");
-#endif
-  return d;
-}
+uint32_t* DeviceFlag(uint32_t* flag) { return reinterpret_cast<uint32_t*>(DevicePointerOfPinned(flag)); }
 
 void StreamWriteFlag(Stream s, uint32_t* flag, uint32_t value) {
-  auto* d = static_cast<uint32_t*>(DevicePointerOf(flag));
+  uint32_t* d = DeviceFlag(flag);
   if (UseMemops() && TryMemop(true, s, d, value)) return;
   LaunchFlagWriteKernel(s, d, value);
 }
 
 void StreamWaitFlag(Stream s, uint32_t* flag, uint32_t value) {
-  auto* d = static_cast<uint32_t*>(DevicePointerOf(flag));
+  uint32_t* d = DeviceFlag(flag);
   if (UseMemops() && TryMemop(false, s, d, value)) return;
   LaunchFlagWaitKernel(s, d, value);
 }
@@ -146,32 +138,18 @@ bool StreamIsCapturing(Stream s) {
 
 namespace {
 int ExchangeCaptureMode(int mode) {
-#if MORI_HIP
-  auto m = static_cast<hipStreamCaptureMode>(mode);
-  if (hipThreadExchangeStreamCaptureMode(&m) != hipSuccess) (void)hipGetLastError();
-#else
-  auto m = static_cast<cudaStreamCaptureMode>(mode);
-  if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) (void)cudaGetLastError();
-#endif
+  auto m = static_cast<gpuStreamCaptureMode>(mode);
+  if (gpuThreadExchangeStreamCaptureMode(&m) != gpuSuccess) (void)gpuGetLastError();
   return static_cast<int>(m);
 }
-#if MORI_HIP
-constexpr int kRelaxed = hipStreamCaptureModeRelaxed;
-#else
-constexpr int kRelaxed = cudaStreamCaptureModeRelaxed;
-#endif
+constexpr int kRelaxed = gpuStreamCaptureModeRelaxed;
 }  // namespace
-
-void RelaxCaptureModeForThisThread() {
-  if (DeviceCount() > 0) (void)ExchangeCaptureMode(kRelaxed);
-}
 
 RelaxedCaptureScope::RelaxedCaptureScope() : previous_(ExchangeCaptureMode(kRelaxed)) {}
 RelaxedCaptureScope::~RelaxedCaptureScope() { (void)ExchangeCaptureMode(previous_); }
 
 #else  // CPU-only build
 
-void* DevicePointerOf(void*) { throw Error(StatusCode::ERR_GPU_OP, "DevicePointerOf: this build has no GPU support"); }
 void StreamWriteFlag(Stream, uint32_t*, uint32_t) {
   throw Error(StatusCode::ERR_GPU_OP, "StreamWriteFlag: this build has no GPU support");
 }
@@ -186,7 +164,6 @@ void LaunchStreamCopy(const StreamCopyArgs&, Stream) {
 void WarmUpStreamKernels(int) {}
 void LaunchFlagWriteKernel(Stream, uint32_t*, uint32_t) {}
 void LaunchFlagWaitKernel(Stream, const uint32_t*, uint32_t) {}
-void RelaxCaptureModeForThisThread() {}
 RelaxedCaptureScope::RelaxedCaptureScope() : previous_(0) {}
 RelaxedCaptureScope::~RelaxedCaptureScope() {}
 

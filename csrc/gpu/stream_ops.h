@@ -96,9 +96,6 @@ void StreamWaitFlag(Stream s, uint32_t* flag, uint32_t value);
 // memory): the mechanism the flags above use in this process.
 std::string StreamFlagMechanism();
 
-// Device address of PinnedAlloc memory.
-void* DevicePointerOf(void* pinned_host);
-
 // True while `s` is being captured into a CUDA/HIP graph.
 bool StreamIsCapturing(Stream s);
 

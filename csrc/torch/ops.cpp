@@ -95,6 +95,7 @@ int64_t SessionHandle(const SessionRef& s) {
       if (s->s->peer().RunsOnStream()) s->s->peer().PrepareStream(local, s->s->remote_desc());
       const int dev = local.desc.loc == MemoryLocationType::GPU ? local.desc.device_id : gpu::CurrentDevice();
       gpu::WarmUpStreamKernels(dev);
+      gpu::WarmUpKernels(dev);  // the TCP staging copies of GPU memory may run while a stream waits
       DoorbellService::Instance().Reserve(kReservedSlots, kReservedEntries);
     }
     return h;
@@ -285,8 +286,9 @@ gpu::Stream CurrentStream(c10::Device d) {
   return impl.getStream(d).native_handle();
 }
 
-void LaunchOnDevice(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturing) {
-  TORCH_CHECK_VALUE(c.local.is_cuda(), c.name, ": this session's backend copies between GPUs; local must be on a GPU");
+// The lists as contiguous tensors on `dev` (a CPU list is copied, which a
+// graph capture cannot record).
+std::array<at::Tensor, 3> ListsOnDevice(const OpCall& c, c10::Device dev, bool capturing) {
   std::array<at::Tensor, 3> on_device;
   for (size_t k = 0; k < 3; ++k) {
     const at::Tensor& t = c.lists[k];
@@ -295,6 +297,12 @@ void LaunchOnDevice(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturi
                       ": under CUDA graph capture the block lists must be GPU tensors (got a CPU tensor)");
     on_device[k] = t.to(dev).contiguous();
   }
+  return on_device;
+}
+
+void LaunchOnDevice(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturing) {
+  TORCH_CHECK_VALUE(c.local.is_cuda(), c.name, ": this session's backend copies between GPUs; local must be on a GPU");
+  const std::array<at::Tensor, 3> on_device = ListsOnDevice(c, dev, capturing);
   PointAt(&c.segs, on_device);
   c.segs.local_base = reinterpret_cast<uint64_t>(c.local.data_ptr());
   c.segs.local_size = static_cast<uint64_t>(c.local.nbytes());
@@ -307,9 +315,45 @@ void LaunchOnDevice(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturi
   }
 }
 
-void RingDoorbell(OpCall& c, gpu::Stream stream, bool capturing) {
-  TORCH_CHECK_VALUE(IsRegistered(c), c.name,
-                    ": with a host-driven backend, a GPU local tensor must be the registered tensor itself");
+// For a GPU copy of the registration (torch.compile could not reinplace):
+// a copy kernel on the stream moving the op's local segments between the
+// copy and the registration, before a write's doorbell or after a read's.
+class GpuStaging {
+ public:
+  GpuStaging(const OpCall& c, c10::Device dev, bool capturing) : lists_(ListsOnDevice(c, dev, capturing)) {
+    args_ = c.segs;
+    PointAt(&args_, lists_);
+    args_.remote_offsets = args_.local_offsets;  // the same offsets on both sides
+    args_.remote_offset = args_.local_offset;
+    const MemoryDesc& reg = c.os->session->local()->desc;
+    args_.local_base = reg.data;
+    args_.local_size = reg.size;
+    args_.remote_base = reinterpret_cast<uint64_t>(c.local.data_ptr());
+    args_.remote_size = static_cast<uint64_t>(c.local.nbytes());
+    args_.error = c.os->errors->device_record();
+  }
+  void ToRegistration(gpu::Stream s) { Launch(true, s); }
+  void ToCopy(gpu::Stream s) { Launch(false, s); }
+
+ private:
+  void Launch(bool into_registration, gpu::Stream s) {
+    args_.is_read = into_registration;  // "read" moves remote (the copy) into local (the registration)
+    try {
+      gpu::LaunchStreamCopy(args_, s);
+    } catch (const Error& e) {
+      Rethrow(e);
+    }
+  }
+  std::array<at::Tensor, 3> lists_;
+  gpu::StreamCopyArgs args_;
+};
+
+void RingDoorbell(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturing) {
+  std::unique_ptr<GpuStaging> staging;
+  if (!IsRegistered(c)) {
+    staging = std::make_unique<GpuStaging>(c, dev, capturing);
+    if (!c.is_read) staging->ToRegistration(stream);
+  }
   auto& service = DoorbellService::Instance();
   const size_t entries = c.segs.local_offsets || c.lists[0].defined() ? static_cast<size_t>(c.segs.count) : 0;
   std::shared_ptr<DoorbellSlot> slot;
@@ -357,6 +401,7 @@ void RingDoorbell(OpCall& c, gpu::Stream stream, bool capturing) {
     Rethrow(e);
   }
   service.Watch(std::move(slot));
+  if (staging && c.is_read) staging->ToCopy(stream);
 }
 
 void RunOnStream(OpCall c) {
@@ -387,7 +432,7 @@ void RunOnStream(OpCall c) {
     }
     RunOnHost(std::move(c));
   } else {
-    RingDoorbell(c, stream, capturing);
+    RingDoorbell(c, dev, stream, capturing);
   }
 }
 

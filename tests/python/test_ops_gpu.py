@@ -47,14 +47,18 @@ class XgmiEnv:
 
 
 class TcpEnv:
-    """TCP engines in this process; the local pages are pinned host memory
-    (the GPU stream orders host memory through the doorbell)."""
+    """TCP engines in this process; the local pages are pinned host memory or
+    GPU memory (moved by TCP through its staging buffers), the remote pages
+    host memory. The doorbell orders both on the GPU stream."""
 
-    def __init__(self):
+    def __init__(self, local="host"):
         self.pair = Pair(nbytes=PAGE * PAGES)
         p = self.pair
         p.init.deregister_memory(p.local_desc)
-        self.local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, pin_memory=True)
+        if local == "gpu":
+            self.local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, device="cuda")
+        else:
+            self.local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, pin_memory=True)
         p.local_desc = p.init.register_torch_tensor(self.local)
         self.remote = p.remote
         self.sess = p.init.create_session(p.local_desc, p.remote_desc)
@@ -73,9 +77,9 @@ def xgmi():
     env.close()
 
 
-@pytest.fixture(scope="module")
-def tcp():
-    env = TcpEnv()
+@pytest.fixture(scope="module", params=["host", "gpu"], ids=lambda p: f"tcp-{p}-pages")
+def tcp(request):
+    env = TcpEnv(request.param)
     yield env
     env.close()
 
