@@ -18,7 +18,8 @@ if _build_info.TORCH_VERSION != torch.__version__:
         "is installed; rebuild with `pip install --no-build-isolation -e .`"
     )
 
-from . import _C  # noqa: E402,F401  (registers torch.classes.mori.*)
+from . import _C  # noqa: E402,F401  (registers torch.classes.mori.* and torch.ops.mori.*)
+from . import ops  # noqa: E402,F401  (fake implementations of torch.ops.mori.*)
 
 __version__ = "0.1.0"
 

@@ -4,6 +4,10 @@
 
 namespace mori_torch {
 
+void BackendPeer::LaunchOnStream(const LocalMemory&, const MemoryDesc&, gpu::StreamCopyArgs, gpu::Stream) {
+  throw Error(StatusCode::ERR_BAD_STATE, "this backend cannot launch transfers on a GPU stream");
+}
+
 int64_t ConfigValue(const BackendConfig& config, const char* backend, const std::string& name, int64_t def,
                     int64_t min, int64_t max) {
   auto it = config.find(name);

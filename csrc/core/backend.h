@@ -15,6 +15,7 @@
 #include "core/notification_table.h"
 #include "core/segments.h"
 #include "core/transfer_status.h"
+#include "gpu/stream_ops.h"
 
 namespace mori_torch {
 
@@ -47,6 +48,19 @@ class BackendPeer {
   // backend or peer is shut down meanwhile.
   virtual void Submit(TransferOp op) = 0;
   virtual bool Alive() const = 0;
+
+  // Stream-ordered transfers (DESIGN §5). GPU-peer backends run them as work
+  // on the caller's stream; host-driven ones return false and are driven by
+  // a doorbell (core/stream_doorbell.h) through Submit.
+  virtual bool RunsOnStream() const { return false; }
+  // Readies LaunchOnStream for this memory pair (maps remote memory, loads
+  // kernels); called outside any graph capture.
+  virtual void PrepareStream(const LocalMemory& /*local*/, const MemoryDesc& /*remote*/) {}
+  // Enqueues the transfer described by `args` (local and segment fields
+  // set; the remote ones filled in here) on `stream`; throws Error when it
+  // cannot.
+  virtual void LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote, gpu::StreamCopyArgs args,
+                              gpu::Stream stream);
 };
 
 class Backend {

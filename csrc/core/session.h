@@ -32,6 +32,9 @@ class Session {
   BackendType backend_type() const { return backend_->Type(); }
   const MemoryDesc& local_desc() const { return local_->desc; }
   const MemoryDesc& remote_desc() const { return remote_; }
+  // For stream-ordered transfers (csrc/torch/ops.cpp).
+  const std::shared_ptr<LocalMemory>& local() const { return local_; }
+  BackendPeer& peer() const { return *peer_; }
 
  private:
   StatusPtr Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes,

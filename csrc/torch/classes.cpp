@@ -7,14 +7,13 @@
 #include <torch/library.h>
 
 #include "core/engine.h"
+#include "torch/classes.h"
 #include "core/logging.h"
 #include "gpu/gpu_runtime.h"
 
 namespace mori_torch {
 namespace bind {
 
-// Core errors become Python ValueError (bad arguments, unknown ids) or
-// RuntimeError (bad state), with the status code name leading the message.
 [[noreturn]] void Rethrow(const Error& e) {
   const std::string msg = std::string(StatusCodeName(e.code())) + ": " + e.what();
   if (e.code() == StatusCode::ERR_INVALID_ARGS || e.code() == StatusCode::ERR_NOT_FOUND) {
@@ -106,11 +105,6 @@ std::vector<std::vector<int64_t>> ToVecs(const c10::List<c10::List<int64_t>>& l)
   return out;
 }
 
-struct SessionObj : torch::CustomClassHolder {
-  std::shared_ptr<Session> s;
-  explicit SessionObj(std::shared_ptr<Session> x) : s(std::move(x)) {}
-};
-using SessionRef = c10::intrusive_ptr<SessionObj>;
 
 struct EngineObj : torch::CustomClassHolder {
   std::shared_ptr<Engine> e;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/logging.h"
+#include "gpu/stream_ops.h"
 
 namespace mori_torch {
 namespace xgmi {
@@ -36,6 +37,7 @@ struct PendingCopy {
 
   // Checks the event; ends the status when the copies finished or failed.
   void Poll() {
+    gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
     std::lock_guard<std::mutex> lk(mu);
     if (done || !event) return;
     try {
@@ -264,6 +266,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
 }
 
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
+  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
   const StatusPtr status = op.status;
   auto pending = std::make_shared<PendingCopy>();
   pending->status = status;
@@ -337,6 +340,7 @@ size_t XgmiBackend::Reap() {
 }
 
 void XgmiBackend::CompletionLoop() {
+  gpu::RelaxCaptureModeForThisThread();  // event queries must not break a capture elsewhere
   // While transfers come and go the thread naps briefly instead of being
   // woken per transfer: a wake-up cost the submitting thread 3-4 us (p50 on
   // the build VM), a fifth of a small transfer's submission. After kSleepAfterIdle

@@ -78,6 +78,12 @@ class XgmiPeer : public BackendPeer {
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
   void Close();
+  // Stream-ordered transfers (xgmi_stream.cpp): one bounds-checked copy
+  // kernel on the caller's stream.
+  bool RunsOnStream() const override { return true; }
+  void PrepareStream(const LocalMemory& local, const MemoryDesc& remote) override;
+  void LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote, gpu::StreamCopyArgs args,
+                      gpu::Stream stream) override;
 
  private:
   // Address of remote memory `d` in this process.

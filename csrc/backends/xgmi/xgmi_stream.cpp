@@ -1,0 +1,29 @@
+// XGMI's entry point for stream-ordered ops (DESIGN §5): the transfer runs
+// as one copy kernel on the caller's stream, so it orders with the work
+// around it and records into CUDA graphs. The kernel reads the segment list
+// at run time and checks every segment against both registrations.
+#include "backends/xgmi/xgmi_backend.h"
+
+namespace mori_torch {
+namespace xgmi {
+
+void XgmiPeer::PrepareStream(const LocalMemory& local, const MemoryDesc& remote) {
+  gpu::WarmUpStreamKernels(local.desc.device_id);
+  (void)RemoteBase(remote, local.desc.device_id);
+}
+
+void XgmiPeer::LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote, gpu::StreamCopyArgs args,
+                              gpu::Stream stream) {
+  if (closed_.load() || backend_->shut_down()) {
+    throw Error(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
+  }
+  // Mapping is cached after PrepareStream; the scope keeps a first mapping
+  // from invalidating a capture in progress on this thread.
+  gpu::RelaxedCaptureScope relaxed;
+  args.remote_base = RemoteBase(remote, local.desc.device_id);
+  args.remote_size = remote.size;
+  gpu::LaunchStreamCopy(args, stream);
+}
+
+}  // namespace xgmi
+}  // namespace mori_torch

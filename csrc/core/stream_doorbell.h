@@ -1,0 +1,106 @@
+// The doorbell that orders host-driven transfers (TCP now, RDMA later) on a
+// GPU stream (DESIGN §5). For each stream-ordered op a slot of pinned,
+// device-mapped host words is enqueued on the stream as
+//   [copy device block lists into the slot] -> ring := 1 -> wait done == 1 -> done := 0
+// The progress thread sees ring, clears it, runs the transfer through the
+// session (reading the lists the stream just staged), and sets done when the
+// transfer ended; errors go to the session's StreamErrors. Because the stream
+// re-arms done itself, a slot captured into a CUDA graph works on every
+// replay: such "persistent" slots are watched for the life of the process
+// (a graph may replay at any time). Other slots return to a pool once the
+// stream has passed them.
+//
+// The progress thread makes no CUDA call of its own (flags are plain host
+// memory), so it can never wait on a module load or a blocked stream
+// (notes/GPU_FACTS.md, lazy-loading deadlock).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/session.h"
+#include "core/stream_errors.h"
+
+namespace mori_torch {
+
+class DoorbellSlot {
+ public:
+  explicit DoorbellSlot(size_t entries);
+  ~DoorbellSlot();
+  DoorbellSlot(const DoorbellSlot&) = delete;
+  DoorbellSlot& operator=(const DoorbellSlot&) = delete;
+
+  uint32_t* ring() const { return &words_[0]; }
+  uint32_t* done() const { return &words_[1]; }
+  // Staging for list `which` (0 local offsets, 1 remote offsets, 2 sizes):
+  // `entries` int64 values the stream or the host fills before ringing.
+  int64_t* list(int which) const { return lists_ + which * entries_; }
+  size_t entries() const { return entries_; }
+
+  // The transfer, set by the op before Watch. segs' array pointers point
+  // into list(...) (host addresses) or are null.
+  std::shared_ptr<Session> session;
+  bool is_read = false;
+  gpu::StreamCopyArgs segs;
+  std::shared_ptr<StreamErrors> errors;
+  bool persistent = false;
+
+ private:
+  friend class DoorbellService;
+  enum class Phase { Waiting, Moving, Draining };
+  Phase phase_ = Phase::Waiting;
+  StatusPtr inflight_;
+
+  size_t entries_;
+  size_t bytes_;
+  bool pinned_ = false;
+  uint32_t* words_;
+  int64_t* lists_;
+};
+
+class DoorbellService {
+ public:
+  // The process-wide service; its thread starts on first use and is
+  // stopped at exit.
+  static DoorbellService& Instance();
+
+  // An idle slot whose lists hold at least `entries` values each.
+  std::shared_ptr<DoorbellSlot> Acquire(size_t entries);
+  // Pools `count` idle slots of `entries` now, so that ops captured into a
+  // graph later need no host-memory registration during the capture.
+  void Reserve(size_t count, size_t entries);
+  // Starts watching `slot`: its ring/wait/reset are on a stream already.
+  void Watch(std::shared_ptr<DoorbellSlot> slot);
+  // Slots watched now (persistent ones included), for tests.
+  size_t Watched();
+  void Stop();
+
+ private:
+  DoorbellService();
+  void Loop();
+  // Advances one slot; true when something happened.
+  bool Step(DoorbellSlot& slot);
+  void Ring(DoorbellSlot& slot);
+  void Finish(DoorbellSlot& slot, StatusCode code, const std::string& message);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::shared_ptr<DoorbellSlot>> incoming_;
+  std::vector<std::shared_ptr<DoorbellSlot>> free_;
+  std::atomic<size_t> watched_count_{0};
+  std::vector<std::shared_ptr<DoorbellSlot>> watched_;  // the loop's own
+  std::thread thread_;
+};
+
+// Expands the segment description of a doorbell or host transfer into byte
+// lists; ERR_INVALID_ARGS with *msg for negative or overflowing values.
+StatusCode ExpandSegments(const gpu::StreamCopyArgs& segs, std::vector<int64_t>* local_offsets,
+                          std::vector<int64_t>* remote_offsets, std::vector<int64_t>* sizes, std::string* msg);
+
+}  // namespace mori_torch

@@ -1,0 +1,119 @@
+// Stream-ordered work for the torch ops (DESIGN §5), vendor-free like
+// gpu_runtime.h: a bounds-checked copy kernel that reads its segment list from
+// device memory at run time (so CUDA graph replays see new block tables),
+// stream flag writes/waits on pinned host words (the doorbell of host-driven
+// backends; driver stream memory operations, or spin kernels where those are
+// unavailable or MORI_TORCH_STREAM_FLAGS=spin), and capture-mode helpers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "gpu/gpu_runtime.h"
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define MORI_HOST_DEVICE __host__ __device__
+#else
+#define MORI_HOST_DEVICE
+#endif
+
+namespace mori_torch {
+namespace gpu {
+
+// Where a stream-ordered transfer reports a segment it refused. Lives in
+// pinned, device-mapped host memory: kernels store into it, the host reads
+// it without a CUDA call. code 0 means no error.
+struct StreamError {
+  uint32_t code;
+  uint32_t reserved;
+  int64_t index;
+  int64_t local_offset;
+  int64_t remote_offset;
+  int64_t size;
+};
+constexpr uint32_t kStreamErrorOutOfRange = 1;
+
+// One stream-ordered transfer between a local registration and a remote one.
+// Segment i moves sizes[i * size_stride] bytes (uniform_size when sizes is
+// null) between local_offsets[i] * offset_scale and remote_offsets[i] *
+// offset_scale. Null offset arrays mean one segment at (local_offset,
+// remote_offset). The arrays are device memory for the kernel and host memory
+// for the doorbell path; both read them through SegmentAt.
+struct StreamCopyArgs {
+  uint64_t local_base = 0;  // local bytes as this process sees them (caller)
+  uint64_t local_size = 0;
+  uint64_t remote_base = 0;  // remote registration mapped here (backend)
+  uint64_t remote_size = 0;
+  bool is_read = false;
+  const int64_t* local_offsets = nullptr;
+  const int64_t* remote_offsets = nullptr;
+  const int64_t* sizes = nullptr;
+  int64_t count = 1;
+  int64_t local_offset = 0;
+  int64_t remote_offset = 0;
+  int64_t offset_scale = 1;
+  int64_t uniform_size = 0;
+  int64_t size_stride = 1;  // 0: one size for every segment
+  StreamError* error = nullptr;  // device address of the error record
+};
+
+struct SegmentBytes {
+  int64_t local_offset;
+  int64_t remote_offset;
+  int64_t size;
+};
+
+// Segment i in bytes; false when an offset overflows int64 or a value is
+// negative. Range checks against the registrations are the caller's.
+MORI_HOST_DEVICE inline bool SegmentAt(const StreamCopyArgs& a, int64_t i, SegmentBytes* out) {
+  const int64_t lo = a.local_offsets ? a.local_offsets[i] : a.local_offset;
+  const int64_t ro = a.remote_offsets ? a.remote_offsets[i] : a.remote_offset;
+  out->size = a.sizes ? a.sizes[i * a.size_stride] : a.uniform_size;
+  if (lo < 0 || ro < 0 || out->size < 0 || a.offset_scale <= 0) return false;
+  const int64_t limit = INT64_MAX / a.offset_scale;
+  if (lo > limit || ro > limit) return false;
+  out->local_offset = lo * a.offset_scale;
+  out->remote_offset = ro * a.offset_scale;
+  return true;
+}
+
+// True when [offset, offset + size) lies inside a registration of `total` bytes.
+MORI_HOST_DEVICE inline bool InsideRange(int64_t offset, int64_t size, uint64_t total) {
+  return static_cast<uint64_t>(offset) <= total && static_cast<uint64_t>(size) <= total - static_cast<uint64_t>(offset);
+}
+
+// Enqueues the copy on `s`. Every segment is checked against both
+// registrations inside the kernel; one out of range moves no byte and is
+// recorded in args.error (when set).
+void LaunchStreamCopy(const StreamCopyArgs& args, Stream s);
+
+// Stream flags: `flag` is a word of PinnedAlloc memory (host address).
+// WriteFlag stores `value` once the work before it on `s` is done (with a
+// memory fence); WaitFlag holds the work after it until *flag == value.
+void StreamWriteFlag(Stream s, uint32_t* flag, uint32_t value);
+void StreamWaitFlag(Stream s, uint32_t* flag, uint32_t value);
+// "memops" (driver stream memory operations) or "spin" (kernels polling host
+// memory): the mechanism the flags above use in this process.
+std::string StreamFlagMechanism();
+
+// True while `s` is being captured into a CUDA/HIP graph.
+bool StreamIsCapturing(Stream s);
+
+// Loads the stream kernels on `device` (see WarmUpKernels).
+void WarmUpStreamKernels(int device);
+
+// While alive, this thread may make CUDA calls that are illegal during
+// another stream's capture in global mode (allocations, host registration).
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope();
+  ~RelaxedCaptureScope();
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace gpu
+}  // namespace mori_torch
