@@ -111,6 +111,10 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
     const size_t rail = i % rails;
     c->qps.push_back(std::make_unique<SendQp>(shared_->rails[rail], rail, shared_->NextWorker(), depth, remote_.key));
     c->qps.back()->Info().Put(&w);
+    // A failed work request leaves its QP in the error state: drop the whole
+    // connection, so the next transfer reconnects with fresh QPs.
+    Conn* raw = c.get();
+    c->qps.back()->SetOnError([raw](const std::string& why) { raw->Break(why); });
   }
   std::vector<uint8_t> reply = CallBackend(c->sock.fd(), w.bytes(), static_cast<int>(cfg.connect_timeout_ms), where);
   ByteReader r(reply.data(), reply.size(), "RDMA Connect reply");

@@ -127,10 +127,17 @@ void SendQp::OnCompletion(const ibv_wc& wc) {
   auto* c = reinterpret_cast<Chain*>(wc.wr_id & ~uint64_t{1});
   if (wc.status != IBV_WC_SUCCESS && c->code == StatusCode::SUCCESS) {
     c->code = StatusCode::ERR_RDMA_OP;
-    std::lock_guard<std::mutex> lk(mu_);
-    c->msg = broken_ && wc.status == IBV_WC_WR_FLUSH_ERR
-                 ? std::string(c->xfer->verb) + " to engine '" + peer_key_ + "' aborted: " + broken_reason_
-                 : CompletionError(dev_->api, wc, c->xfer->verb, peer_key_);
+    bool first_failure = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (broken_ && wc.status == IBV_WC_WR_FLUSH_ERR) {
+        c->msg = std::string(c->xfer->verb) + " to engine '" + peer_key_ + "' aborted: " + broken_reason_;
+      } else {
+        c->msg = CompletionError(dev_->api, wc, c->xfer->verb, peer_key_);
+        first_failure = !broken_;
+      }
+    }
+    if (first_failure && on_error_) on_error_(c->msg);
   }
   if (wc.wr_id & 1) Finish(c);
 }

@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -60,6 +61,9 @@ class SendQp : public RdmaQp {
   bool Post(ibv_send_wr* first, Chain* chain, std::string* why);
   // Fails the QP with `reason`; reported for every flushed chain.
   void Break(const std::string& reason);
+  // Called (on the completion thread) when a work request fails for a reason
+  // other than a flush: the QP is then in the error state and unusable.
+  void SetOnError(std::function<void(const std::string&)> f) { on_error_ = std::move(f); }
 
   void OnCompletion(const ibv_wc& wc) override;
 
@@ -81,6 +85,7 @@ class SendQp : public RdmaQp {
   std::vector<NoticeWire> notices_;
   ibv_mr* notice_mr_ = nullptr;
   uint32_t next_notice_ = 0;
+  std::function<void(const std::string&)> on_error_;
 };
 
 }  // namespace rdma
