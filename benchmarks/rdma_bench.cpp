@@ -24,7 +24,7 @@ using rdma_test::PeerProcess;
 namespace {
 
 constexpr uint64_t kBuf = 64ull << 20;
-constexpr size_t kWindow = 32;  // transfers in flight, like perftest's tx depth
+constexpr size_t kWindow = 128;  // transfers in flight: perftest's default tx depth
 
 struct Case {
   bool read;

@@ -59,7 +59,7 @@ def main() -> int:
         "machine": "QEMU TCG guest (2 vCPUs, Debian 6.1 kernel, Soft-RoCE rxe0 on dummy0, MTU 4096) on a "
                    f"{os.cpu_count()}-core host",
         "command": "python3 benchmarks/rdma_vm_bench.py " + " ".join(sys.argv[1:]),
-        "config": {"qp_per_transfer": 1, "enable_notification": False, "transfers_in_flight": 32,
+        "config": {"qp_per_transfer": 1, "enable_notification": False, "transfers_in_flight": 128,
                    "poll_cq_mode": "POLLING"},
         "records": records,
     }
