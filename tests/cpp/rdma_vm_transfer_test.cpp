@@ -240,6 +240,35 @@ TEST_F(RdmaTransferTest, EventModeReallyBlocks) {
   CheckWrite(0, 0, 4096, 42, true);  // still completes after the idle period
 }
 
+TEST_F(RdmaTransferTest, TwoRailsEachWithItsOwnRegistrations) {
+  // The VM has rxe0 and rxe1 (one per dummy interface); both engines use both.
+  setenv("MORI_TORCH_RDMA_DEVICES", "rxe0,rxe1", 1);
+  PeerProcess two("rdma-target-two-rails", 16 << 20, "num_nics_per_transfer=2");
+  Start({{"num_nics_per_transfer", 2}, {"qp_per_transfer", 2}}, 16 << 20);
+  unsetenv("MORI_TORCH_RDMA_DEVICES");
+  engine_->RegisterRemoteEngine(two.engine());
+  // 8 MiB spreads over all 4 QPs (2 per rail); each rail uses its own lkey/rkey.
+  FillPattern(L(), 0, 8 << 20, 131);
+  const TransferUid uid = engine_->AllocateTransferUid();
+  ASSERT_TRUE(Ends(engine_->Write(local_, 0, two.memory(), 4096, 8 << 20, uid), StatusCode::SUCCESS));
+  EXPECT_EQ(two.Hash(4096, 8 << 20), HashBytes(L(), 8 << 20));
+  bool noticed = false;
+  for (int i = 0; i < 5000 && !noticed; ++i) {
+    noticed = two.Pop(key(), uid);
+    if (!noticed) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(noticed) << "4 notices (one per QP) complete the transfer";
+  ASSERT_EQ(two.Command("fill 132"), "OK");
+  Batch b = Shuffled(1024, 4096, 133);
+  ASSERT_TRUE(Ends(engine_->BatchTransfer(true, {local_}, {b.lo}, {two.memory()}, {b.ro}, {b.sz}, {77})[0],
+                   StatusCode::SUCCESS));
+  std::vector<uint8_t> want(4096);
+  for (size_t i = 0; i < 1024; ++i) {
+    FillPattern(want.data(), b.ro[i], 4096, 132);
+    ASSERT_EQ(HashBytes(L() + b.lo[i], 4096), HashBytes(want.data(), 4096)) << "segment " << i;
+  }
+}
+
 TEST_F(RdmaTransferTest, NotificationsOffSendNoNotices) {
   Start({{"enable_notification", 0}, {"qp_per_transfer", 4}});
   CheckWrite(0, 0, 1 << 20, 51, false);

@@ -163,6 +163,9 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
   }
   api->free_device_list(list);
   if (out.empty()) throw Error(StatusCode::ERR_BAD_STATE, none + ":" + skipped);
+  // Same order on every engine of a host, whatever order the kernel lists
+  // them in: rail i of one engine pairs with rail i of the other.
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
   return out;
 }
 

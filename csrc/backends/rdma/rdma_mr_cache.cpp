@@ -61,6 +61,12 @@ ibv_mr* MrCache::Get(size_t rail, const MemoryDesc& m) {
   return v[rail];
 }
 
+void MrCache::Deregister(std::vector<ibv_mr*>& mrs) {
+  for (size_t r = 0; r < mrs.size(); ++r) {
+    if (mrs[r]) rails_[r]->api->dereg_mr(mrs[r]);
+  }
+}
+
 void MrCache::Drop(MemoryId id) {
   std::vector<ibv_mr*> mrs;
   {
@@ -70,9 +76,7 @@ void MrCache::Drop(MemoryId id) {
     mrs.swap(it->second);
     map_.erase(it);
   }
-  for (size_t r = 0; r < mrs.size(); ++r) {
-    if (mrs[r]) rails_[r]->api->dereg_mr(mrs[r]);
-  }
+  Deregister(mrs);
 }
 
 void MrCache::Clear() {
@@ -81,11 +85,7 @@ void MrCache::Clear() {
     std::unique_lock<std::shared_mutex> lk(mu_);
     all.swap(map_);
   }
-  for (auto& kv : all) {
-    for (size_t r = 0; r < kv.second.size(); ++r) {
-      if (kv.second[r]) rails_[r]->api->dereg_mr(kv.second[r]);
-    }
-  }
+  for (auto& kv : all) Deregister(kv.second);
 }
 
 }  // namespace rdma

@@ -29,6 +29,7 @@ class MrCache {
 
  private:
   ibv_mr* Register(RdmaDevice& dev, const MemoryDesc& m);
+  void Deregister(std::vector<ibv_mr*>& mrs);  // one per rail, nullptr where none
 
   std::vector<std::shared_ptr<RdmaDevice>> rails_;
   std::shared_mutex mu_;
