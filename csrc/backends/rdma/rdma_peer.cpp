@@ -65,6 +65,8 @@ void RdmaPeer::Close(const std::string& reason) {
 }
 
 RdmaPeer::Conn::~Conn() {
+  // A failing completion must not reach Break() while the QPs are torn down.
+  broken.store(true);
   if (stop_fd >= 0) {
     uint64_t one = 1;
     (void)!::write(stop_fd, &one, sizeof one);
