@@ -255,7 +255,6 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   std::vector<ibv_send_wr> wrs;
   std::vector<ibv_sge> sges;
   std::string failure;  // set once: every chain not yet posted fails with it
-  const Deadline room_deadline = DeadlineAfterMs(cfg.sq_full_timeout_ms);
   // Chains go round-robin over the QPs, so all of them work at once.
   for (bool more = true; more;) {
     more = false;
@@ -268,7 +267,11 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
       chain->xfer = xfer;
       chain->slots = static_cast<uint32_t>(with_notice);
       std::string why;
-      if (failure.empty() && !p.qp->Reserve(chain->slots, room_deadline, &why)) failure = why;
+      // Each wait for send-queue room is bounded on its own: a long transfer
+      // that keeps moving never times out, a stuck queue does.
+      if (failure.empty() && !p.qp->Reserve(chain->slots, DeadlineAfterMs(cfg.sq_full_timeout_ms), &why)) {
+        failure = why;
+      }
       if (!failure.empty()) {
         p.next += n;
         more = more || p.next < p.pieces.size();
