@@ -86,6 +86,11 @@ class RdmaBackendConfig:
     chunk_bytes: int = 65536
     max_chunks_per_transfer: int = 64
     num_nics_per_transfer: int = 1
+    # mori_torch extensions
+    gid_index: int = -1  # -1: the port's IPv4-mapped RoCE v2 GID (env MORI_RDMA_GID_INDEX overrides)
+    sq_depth: int = 512  # send work requests per QP
+    sq_full_timeout_ms: int = 10000  # a transfer waits this long for send-queue room, then fails "SQ full"
+    connect_timeout_ms: int = 5000
 
 
 @dataclasses.dataclass

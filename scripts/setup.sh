@@ -10,16 +10,19 @@ VENV=${MORI_VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
 
 # System packages: a compiler toolchain, CMake + Ninja and GoogleTest for the
-# torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check.
-need=()
-for pkg in g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if ((${#need[@]})); then
+# torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check,
+# verbs headers (the RDMA backend compiles against them; libibverbs itself is
+# loaded at run time) and QEMU + image tools for the Soft-RoCE test VM.
+missing() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
+mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev)
+# Without recommends: QEMU's would pull in a desktop stack.
+mapfile -t need_vm < <(missing qemu-system-x86 mmdebstrap cpio kmod xz-utils)
+if ((${#need[@]} + ${#need_vm[@]})); then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q "${need[@]}"
+  ((${#need[@]} == 0)) || $SUDO apt-get install -y -q "${need[@]}"
+  ((${#need_vm[@]} == 0)) || $SUDO apt-get install -y -q --no-install-recommends "${need_vm[@]}"
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

@@ -1,5 +1,6 @@
 // The one place that knows every backend: maps a BackendType to its
 // implementation, so the core engine stays free of backend headers.
+#include "backends/rdma/rdma_backend.h"
 #include "backends/tcp/tcp_backend.h"
 #include "backends/xgmi/xgmi_backend.h"
 #include "core/backend.h"
@@ -13,8 +14,7 @@ std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& conf
     case BackendType::XGMI:
       return std::make_shared<xgmi::XgmiBackend>(xgmi::XgmiConfig::FromMap(config), ctx);
     case BackendType::RDMA:
-      throw Error(StatusCode::ERR_BAD_STATE, std::string("create_backend: the ") + BackendTypeName(type) +
-                                                 " backend is not available in this build of mori_torch");
+      return std::make_shared<rdma::RdmaBackend>(rdma::RdmaConfig::FromMap(config), ctx);
     default:
       throw Error(StatusCode::ERR_INVALID_ARGS,
                   "create_backend: unknown backend type " + std::to_string(static_cast<int>(type)));

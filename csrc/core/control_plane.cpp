@@ -17,8 +17,6 @@ std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg)
   return std::move(w.bytes());
 }
 
-namespace {
-
 Error DecodeErrorPayload(const Frame& f, const std::string& where) {
   ByteReader r(f.payload.data(), f.payload.size(), "error frame");
   auto code = static_cast<StatusCode>(r.Get<uint32_t>("code"));
@@ -26,8 +24,6 @@ Error DecodeErrorPayload(const Frame& f, const std::string& where) {
   if (!IsError(code)) code = StatusCode::ERR_BAD_STATE;
   return Error(code, where + ": " + msg);
 }
-
-}  // namespace
 
 std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self) {
   ByteWriter w;

@@ -90,6 +90,8 @@ class ControlClient {
 };
 
 std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg);
+// The Error an Error frame carries, its message prefixed with `where`.
+Error DecodeErrorPayload(const Frame& f, const std::string& where);
 // Payload of the Hello frame that opens every connection.
 std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self);
 

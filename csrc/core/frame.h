@@ -24,7 +24,11 @@ enum class FrameType : uint16_t {
   MemLookupReply = 5,  // bytes MemoryDesc
   Ping = 6,
   Pong = 7,
-  kMaxKnown = 7,
+  // On a data connection, after the Hello: a backend's own request/reply
+  // (payload private to the backend named in the Hello).
+  BackendRequest = 8,
+  BackendReply = 9,
+  kMaxKnown = 9,
 };
 
 enum class ConnectionKind : uint8_t { Control = 1, Data = 2 };

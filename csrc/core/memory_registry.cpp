@@ -49,6 +49,7 @@ bool MemoryRegistry::Remove(MemoryId id) {
     map_.erase(it);
   }
   m->Retire();  // outside the lock: waits for running I/O only
+  RunRemovalHooks(m->desc);
   return true;
 }
 
@@ -58,7 +59,26 @@ void MemoryRegistry::Clear() {
     std::unique_lock<std::shared_mutex> lk(mu_);
     all.swap(map_);
   }
-  for (auto& kv : all) kv.second->Retire();
+  for (auto& kv : all) {
+    kv.second->Retire();
+    RunRemovalHooks(kv.second->desc);
+  }
+}
+
+uint64_t MemoryRegistry::AddRemovalHook(RemovalHook hook) {
+  std::unique_lock<std::shared_mutex> lk(hooks_mu_);
+  hooks_[next_hook_] = std::move(hook);
+  return next_hook_++;
+}
+
+void MemoryRegistry::RemoveRemovalHook(uint64_t token) {
+  std::unique_lock<std::shared_mutex> lk(hooks_mu_);  // waits for running hooks
+  hooks_.erase(token);
+}
+
+void MemoryRegistry::RunRemovalHooks(const MemoryDesc& d) {
+  std::shared_lock<std::shared_mutex> lk(hooks_mu_);
+  for (auto& kv : hooks_) kv.second(d);
 }
 
 std::string CheckRange(const MemoryDesc& d, uint64_t offset, uint64_t size, const char* side) {

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -66,6 +68,14 @@ class MemoryUse {
 
 class MemoryRegistry {
  public:
+  // Called after a registration is retired (no local I/O uses it any more),
+  // so backends can drop what they derived from it (NIC registrations, ...).
+  using RemovalHook = std::function<void(const MemoryDesc&)>;
+  // Returns a token for RemoveRemovalHook.
+  uint64_t AddRemovalHook(RemovalHook hook);
+  // After it returns, the hook is not running and will not run again.
+  void RemoveRemovalHook(uint64_t token);
+
   // Assigns the next id (ids count from 0 per engine) and stores the entry.
   std::shared_ptr<LocalMemory> Add(MemoryDesc desc);
   std::shared_ptr<LocalMemory> Find(MemoryId id) const;
@@ -75,8 +85,13 @@ class MemoryRegistry {
   void Clear();
 
  private:
+  void RunRemovalHooks(const MemoryDesc& d);
+
   mutable std::shared_mutex mu_;
   MemoryId next_id_ = 0;
+  std::shared_mutex hooks_mu_;
+  uint64_t next_hook_ = 0;
+  std::map<uint64_t, RemovalHook> hooks_;
   std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> map_;
 };
 

@@ -40,6 +40,12 @@ void Check(gpuError_t e, const char* what) {
   }
 }
 
+#if MORI_HIP
+#define MORI_DMABUF_CALL "hipMemGetHandleForAddressRange"
+#else
+#define MORI_DMABUF_CALL "cuMemGetHandleForAddressRange"
+#endif
+
 #if !MORI_HIP
 // cuMemGetAddressRange from the driver, resolved at run time so nothing links
 // libcuda at build time.
@@ -273,6 +279,48 @@ void PinnedFree(void* p, size_t bytes) {
   g_pinned_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
+namespace {
+// Same signature for both vendors: (void* handle, device pointer, size,
+// handle type (1 = dma-buf fd in both), flags) -> 0 on success.
+using GetHandleForRangeFn = int (*)(void*, unsigned long long, size_t, int, unsigned long long);
+GetHandleForRangeFn HandleForRangeFn() {
+  static GetHandleForRangeFn fn = [] {
+#if MORI_HIP
+    const char* sym = "hipMemGetHandleForAddressRange";
+    void* f = dlsym(RTLD_DEFAULT, sym);
+    if (!f) {
+      void* lib = dlopen("libamdhip64.so", RTLD_NOW | RTLD_LOCAL);
+      f = lib ? dlsym(lib, sym) : nullptr;
+    }
+#else
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void* f = lib ? dlsym(lib, "cuMemGetHandleForAddressRange") : nullptr;
+#endif
+    return reinterpret_cast<GetHandleForRangeFn>(f);
+  }();
+  return fn;
+}
+}  // namespace
+
+int DmaBufFdOf(uint64_t ptr, uint64_t size, uint64_t* offset) {
+  auto fn = HandleForRangeFn();
+  if (!fn) {
+    throw Error(StatusCode::ERR_GPU_OP, "dma-buf export is not available (no " MORI_DMABUF_CALL " in the driver)");
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t begin = ptr & ~(page - 1);
+  const uint64_t end = (ptr + size + page - 1) & ~(page - 1);
+  int fd = -1;
+  int rc = fn(&fd, begin, end - begin, 1, 0);
+  if (rc != 0 || fd < 0) {
+    throw Error(StatusCode::ERR_GPU_OP, std::string(MORI_DMABUF_CALL) + " failed with code " + std::to_string(rc) +
+                                            " for [" + std::to_string(begin) + ", +" + std::to_string(end - begin) +
+                                            ")");
+  }
+  *offset = ptr - begin;
+  return fd;
+}
+
 #else  // CPU-only build: every entry point says there is no GPU.
 
 namespace {
@@ -308,6 +356,7 @@ void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchSegm
 void LaunchInlineSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchInlineSegmentCopy"); }
 uint32_t SegmentCopyResidentGroups(int) { return 1; }
 void WarmUpKernels(int) {}
+int DmaBufFdOf(uint64_t, uint64_t, uint64_t*) { NoGpu("DmaBufFdOf"); }
 void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
 void PinnedFree(void*, size_t) {}
 uint64_t DevicePointerOfPinned(void*) { NoGpu("DevicePointerOfPinned"); }

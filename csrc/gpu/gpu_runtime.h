@@ -36,6 +36,13 @@ IpcHandle IpcHandleOf(uint64_t alloc_base);
 uint64_t OpenIpcHandle(const IpcHandle& handle, int device);
 void CloseIpcHandle(uint64_t mapped_base, int device);
 
+// A dma-buf fd exporting device memory around [ptr, ptr+size), so a NIC can
+// register it (ibv_reg_dmabuf_mr). The exported range is page-aligned;
+// *offset receives where ptr sits inside it. The caller closes the fd.
+// Resolved at run time (cuMemGetHandleForAddressRange /
+// hipMemGetHandleForAddressRange); throws ERR_GPU_OP when unsupported.
+int DmaBufFdOf(uint64_t ptr, uint64_t size, uint64_t* offset);
+
 // Opaque stream / event handles.
 using Stream = void*;
 using Event = void*;

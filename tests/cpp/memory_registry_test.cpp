@@ -186,5 +186,29 @@ TEST(MemoryUseTest, RetireRacingManyUsers) {
   }
 }
 
+TEST(MemoryRegistryTest, RemovalHooksRunAfterRetirementUntilRemoved) {
+  MemoryRegistry r;
+  auto a = r.Add(Desc(0x1000, 10));
+  auto b = r.Add(Desc(0x2000, 20));
+  auto c = r.Add(Desc(0x3000, 30));
+  std::vector<MemoryId> seen;
+  bool retired_when_called = true;
+  std::shared_ptr<LocalMemory> watched = a;
+  uint64_t token = r.AddRemovalHook([&](const MemoryDesc& d) {
+    seen.push_back(d.id);
+    if (d.id == watched->desc.id) retired_when_called = watched->retired();
+  });
+  EXPECT_FALSE(r.Remove(99));  // unknown id: no hook call
+  EXPECT_TRUE(r.Remove(a->desc.id));
+  EXPECT_TRUE(retired_when_called);
+  EXPECT_EQ(seen, std::vector<MemoryId>{0});
+  r.RemoveRemovalHook(token);
+  EXPECT_TRUE(r.Remove(b->desc.id));  // hook gone: not called
+  EXPECT_EQ(seen.size(), 1u);
+  r.AddRemovalHook([&](const MemoryDesc& d) { seen.push_back(d.id); });
+  r.Clear();  // shutdown retires what is left and tells the hooks
+  EXPECT_EQ(seen, (std::vector<MemoryId>{0, c->desc.id}));
+}
+
 }  // namespace
 }  // namespace mori_torch

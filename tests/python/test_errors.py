@@ -1,9 +1,20 @@
 """Every error code with its message; the engine keeps working afterwards."""
+import re
+import subprocess
+
 import pytest
 import torch
 
 from conftest import Pair, make_engine, pattern, unique_key, wait_ok
-from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, StatusCode
+from mori_torch.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    RdmaBackendConfig,
+    StatusCode,
+    XgmiBackendConfig,
+)
 
 
 @pytest.fixture
@@ -146,9 +157,41 @@ def test_unavailable_backends_raise_clearly():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no GPU"):
             e.create_backend(BackendType.XGMI)
-    with pytest.raises(RuntimeError, match="not available"):
+    # This machine has no RDMA device (CI's kernel has no RDMA at all).
+    with pytest.raises(RuntimeError, match="no active RDMA device/port found"):
         e.create_backend(BackendType.RDMA)
+    e.create_backend(BackendType.TCP)  # the engine is unharmed
     e.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(notif_per_qp=0), "Invalid RDMA config: notifPerQp must be >= 1 when notification is enabled"),
+        (dict(max_chunks_per_transfer=0), "Invalid RDMA config: maxChunksPerTransfer must be >= 1"),
+        (dict(num_nics_per_transfer=0), "Invalid RDMA config: numNicsPerTransfer must be >= 1"),
+        (dict(enable_transfer_chunking=True, chunk_bytes=1024),
+         "Invalid RDMA config: chunkBytes must be >= 4096 when chunking is enabled"),
+    ],
+)
+def test_rdma_config_validation_matches_mori_io(kwargs, message):
+    e = IOEngine(unique_key("rdmacfg"), IOEngineConfig("127.0.0.1", 0))
+    # Checked at create_backend, before any device is looked at (as MORI-IO).
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        e.create_backend(BackendType.RDMA, RdmaBackendConfig(**kwargs))
+    with pytest.raises(TypeError):
+        e.create_backend(BackendType.RDMA, XgmiBackendConfig())
+    e.shutdown()
+
+
+def test_extension_does_not_link_libibverbs():
+    # libibverbs is dlopen'ed: the extension must import where rdma-core is absent.
+    import mori_torch._C as ext
+
+    out = subprocess.run(["nm", "-D", "--undefined-only", ext.__file__], capture_output=True, text=True, check=True)
+    assert not [ln for ln in out.stdout.splitlines() if " ibv_" in ln or ln.strip().startswith("U ibv_")]
+    ldd = subprocess.run(["ldd", ext.__file__], capture_output=True, text=True)
+    assert "libibverbs" not in ldd.stdout
 
 
 def test_wrong_argument_types(p):

@@ -14,7 +14,8 @@ cache=${MORI_VM_CACHE:-$HOME/.cache/mori-torch/vm}
 
 # Guest userland; --variant=extract also pulls in their dependencies.
 GUEST_PACKAGES=(libc6 libgcc-s1 libstdc++6 bash coreutils busybox-static kmod iproute2
-    libibverbs1 ibverbs-providers ibverbs-utils librdmacm1 rdmacm-utils perftest)
+    libibverbs1 ibverbs-providers ibverbs-utils librdmacm1 rdmacm-utils perftest
+    cmake)  # ctest runs the RDMA GoogleTests in the guest
 # Loaded in this order by the guest's /init (crc32_generic first: `rdma link
 # add` fails without it). Their dependency closure is copied into the image.
 # virtio_pci serves -machine pc, virtio_mmio -machine microvm.
@@ -23,7 +24,7 @@ GUEST_MODULES="crc32_generic rdma_rxe ib_uverbs rdma_ucm virtio_pci virtio_mmio 
 # rdma-core itself is not needed on the host (it would pull in udev/systemd).
 HOST_PACKAGES=(qemu-system-x86 mmdebstrap cpio kmod xz-utils libibverbs-dev librdmacm-dev)
 # Bump when a build step below changes what ends up in the image.
-FORMAT=2
+FORMAT=3
 
 log() { echo "build_image: $*" >&2; }
 die() { echo "build_image: ERROR: $*" >&2; exit 1; }
@@ -136,6 +137,8 @@ mmdebstrap --quiet --variant=extract --include="$(IFS=,; echo "${GUEST_PACKAGES[
 rm -rf "${root:?}"/usr/share/{doc,man,info,locale,lintian,linda,bash-completion,common-licenses} \
     "$root"/usr/lib/x86_64-linux-gnu/gconv "$root"/var/cache/* "$root"/var/lib/apt/lists/* \
     "$root"/etc/hostname "$root"/etc/resolv.conf "${root:?}"/boot
+# cmake (for ctest) drags in perl and its manual; ctest needs neither.
+rm -rf "${root:?}"/usr/share/perl "$root"/usr/lib/x86_64-linux-gnu/perl "$root"/usr/share/cmake-*/Help
 
 # Kernel modules: the dependency closure, then depmod so the guest's modprobe works.
 mdir=$root/lib/modules/$kver

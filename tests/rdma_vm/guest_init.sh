@@ -60,20 +60,28 @@ mount -t 9p -o "$P9OPTS" morictl "$CTL" || die "cannot mount the control share"
 mkdir -p "$SHARE_DIR" || die "cannot create $SHARE_DIR"
 mount -t 9p -o "$P9OPTS,cache=mmap" morishare "$SHARE_DIR" || die "cannot mount $SHARE_DIR"
 
-log "setting up dummy0 and rxe0"
+log "setting up dummy0/rxe0 and dummy1/rxe1"
 # Soft-RoCE on a dummy netdev: no NIC exists, nothing can leave the VM.
 # MTU 9000 gives active_mtu 4096. rxe is RoCE v2 only: GID index 0 is the
 # link-local default GID, index 1 the IPv4-mapped GID of $VM_IP (the one to use).
 # dummy0 itself comes from loading dummy.ko (numdummies=1, /etc/modprobe.d/mori.conf).
 # lo too: TCP to dummy0's own address is delivered through lo (perftest and
 # the project's control planes connect that way).
-/bin/ip -batch - <<EOF || die "ip setup of lo/dummy0 failed"
+# A second device, rxe1 on dummy1 ($VM_IP2), lets tests use two rails; each
+# rail's QPs pair with the same rail on the other engine, which rxe loops
+# back locally. Everything else uses rxe0 (MORI_RDMA_DEVICE).
+/bin/ip -batch - <<EOF || die "ip setup of lo/dummy0/dummy1 failed"
 link set lo up
 link set dummy0 mtu 9000
 addr add $VM_IP/24 dev dummy0
 link set dummy0 up
+link add dummy1 type dummy
+link set dummy1 mtu 9000
+addr add $VM_IP2/24 dev dummy1
+link set dummy1 up
 EOF
 /usr/bin/rdma link add rxe0 type rxe netdev dummy0 || die "rdma link add rxe0 failed"
+/usr/bin/rdma link add rxe1 type rxe netdev dummy1 || die "rdma link add rxe1 failed"
 
 # GIDs and the virtio-serial ports appear asynchronously (workqueues): wait,
 # bounded, so the command never races them.
@@ -83,10 +91,12 @@ while :; do
     gid=; type=
     read -r gid <"$GIDDIR/gids/$VM_GID_INDEX" 2>/dev/null
     read -r type <"$GIDDIR/gid_attrs/types/$VM_GID_INDEX" 2>/dev/null
-    [ "$gid" = "$VM_GID" ] && [ "$type" = "RoCE v2" ] &&
+    type1=
+    read -r type1 <"/sys/class/infiniband/rxe1/ports/1/gid_attrs/types/$VM_GID_INDEX" 2>/dev/null
+    [ "$gid" = "$VM_GID" ] && [ "$type" = "RoCE v2" ] && [ "$type1" = "RoCE v2" ] &&
         [ -e /dev/vport0p1 ] && [ -e /dev/vport0p2 ] && break
     i=$((i + 1))
-    [ $i -gt 500 ] && die "rxe0 GID $VM_GID_INDEX is '$gid' ($type), want $VM_GID (RoCE v2); or no vports"
+    [ $i -gt 500 ] && die "rxe0 GID $VM_GID_INDEX is '$gid' ($type), want $VM_GID (RoCE v2); rxe1's is '$type1'; or no vports"
     usleep 10000
 done
 

@@ -55,6 +55,7 @@ img=$("$here/build_image.sh")
 # dummy0's address: TEST-NET-1 (RFC 5737). It exists only inside the guest,
 # which has no network device at all.
 VM_IP=192.0.2.1
+VM_IP2=192.0.2.2 # dummy1 / rxe1, the second rail
 VM_GID_INDEX=1
 VM_GID=0000:0000:0000:0000:0000:ffff:c000:0201 # ::ffff:192.0.2.1
 
@@ -106,7 +107,7 @@ trap 'exit 143' TERM
 
 {
     printf 'SHARE_DIR=%q\n' "$share"
-    printf 'VM_IP=%s\nVM_GID_INDEX=%s\nVM_GID=%s\n' "$VM_IP" "$VM_GID_INDEX" "$VM_GID"
+    printf 'VM_IP=%s\nVM_IP2=%s\nVM_GID_INDEX=%s\nVM_GID=%s\n' "$VM_IP" "$VM_IP2" "$VM_GID_INDEX" "$VM_GID"
 } >"$ctl/boot.env"
 
 {

@@ -1,0 +1,57 @@
+// Completion threads. Each owns a set of CQs and hands every work completion
+// to the CQ's owner. POLLING: polls its CQs back to back, backing off to
+// short sleeps when nothing completes for a while. EVENT: blocks on the
+// rails' completion channels (and an eventfd for shutdown) and polls only
+// the CQs that signalled.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/rdma/rdma_config.h"
+#include "backends/rdma/rdma_device.h"
+
+namespace mori_torch {
+namespace rdma {
+
+class CqOwner {
+ public:
+  virtual ~CqOwner() = default;
+  // Runs on a completion thread (or the thread draining a QP at teardown).
+  virtual void OnCompletion(const ibv_wc& wc) = 0;
+};
+
+// Polls `cq` empty, handing each completion to `owner`; returns how many.
+int DrainCq(ibv_cq* cq, CqOwner* owner);
+
+class CompletionWorker {
+ public:
+  CompletionWorker(PollCqMode mode, const std::vector<std::shared_ptr<RdmaDevice>>& rails);
+  ~CompletionWorker();
+  // The completion channel CQs on `rail` must be created with (nullptr when polling).
+  ibv_comp_channel* Channel(size_t rail) const { return channels_.empty() ? nullptr : channels_[rail]; }
+  void Add(ibv_cq* cq, CqOwner* owner);
+  // After it returns, the worker no longer touches `cq`.
+  void Remove(ibv_cq* cq);
+
+ private:
+  void PollLoop();
+  void EventLoop();
+
+  const PollCqMode mode_;
+  std::vector<std::shared_ptr<RdmaDevice>> rails_;
+  std::vector<ibv_comp_channel*> channels_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // held while polling, so Remove waits for a running poll
+  std::unordered_map<ibv_cq*, CqOwner*> cqs_;
+  std::atomic<uint64_t> version_{0};
+  std::thread thread_;
+};
+
+}  // namespace rdma
+}  // namespace mori_torch

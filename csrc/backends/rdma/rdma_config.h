@@ -1,0 +1,37 @@
+// RdmaBackendConfig: MORI-IO's field names, defaults and validation messages,
+// plus a few mori_torch extensions (documented below, all optional).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/backend.h"
+
+namespace mori_torch {
+namespace rdma {
+
+enum class PollCqMode : int { POLLING = 0, EVENT = 1 };
+
+struct RdmaConfig {
+  int64_t qp_per_transfer = 1;
+  int64_t post_batch_size = -1;     // -1: ceil(work requests / QPs), one chain per QP
+  int64_t num_worker_threads = -1;  // completion threads; -1: one
+  PollCqMode poll_cq_mode = PollCqMode::POLLING;
+  bool enable_notification = true;
+  int64_t notif_per_qp = 1024;  // receive buffers per QP for completion notices
+  bool enable_transfer_chunking = false;
+  int64_t chunk_bytes = 65536;
+  int64_t max_chunks_per_transfer = 64;
+  int64_t num_nics_per_transfer = 1;
+  // mori_torch extensions.
+  int64_t gid_index = -1;  // -1: the port's IPv4-mapped RoCE v2 GID (or env MORI_RDMA_GID_INDEX)
+  int64_t sq_depth = 512;  // send work requests per QP
+  int64_t sq_full_timeout_ms = 10000;  // how long a chain waits for send-queue room
+  int64_t connect_timeout_ms = 5000;
+
+  static RdmaConfig FromMap(const BackendConfig& m);
+  int CompletionThreads() const { return num_worker_threads < 1 ? 1 : static_cast<int>(num_worker_threads); }
+};
+
+}  // namespace rdma
+}  // namespace mori_torch

@@ -1,0 +1,173 @@
+#include "backends/rdma/rdma_device.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "core/logging.h"
+#include "core/types.h"
+
+namespace mori_torch {
+namespace rdma {
+namespace {
+
+std::vector<std::string> SplitNames(const char* s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* p = s; *p; ++p) {
+    if (*p == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (*p != ' ') {
+      cur += *p;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+const char* EnvAny(const char* a, const char* b) {
+  const char* v = std::getenv(a);
+  if (v && *v) return v;
+  v = std::getenv(b);
+  return v && *v ? v : nullptr;
+}
+
+bool Ipv4Mapped(const ibv_gid& g) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.raw, prefix, sizeof prefix) == 0;
+}
+
+bool ZeroGid(const ibv_gid& g) {
+  for (uint8_t b : g.raw) {
+    if (b) return false;
+  }
+  return true;
+}
+
+// The kernel names each GID's type in sysfs ("RoCE v2", "IB/RoCE v1");
+// "" when it cannot be read.
+std::string GidType(const std::string& dev, int port, int index) {
+  std::ifstream f("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/gid_attrs/types/" +
+                  std::to_string(index));
+  std::string t;
+  std::getline(f, t);
+  return t;
+}
+
+// The GID index to use on a RoCE port; -1 if none fits.
+int PickRoceGid(const VerbsApi* api, RdmaDevice& d, int table_len) {
+  int fallback = -1;
+  for (int i = 0; i < table_len; ++i) {
+    ibv_gid g{};
+    if (api->query_gid(d.ctx, d.port, i, &g) != 0 || ZeroGid(g) || !Ipv4Mapped(g)) continue;
+    const std::string type = GidType(d.name, d.port, i);
+    if (type == "RoCE v2") return i;
+    if (fallback < 0 && type.empty()) fallback = i;
+  }
+  return fallback;
+}
+
+}  // namespace
+
+RdmaDevice::~RdmaDevice() {
+  if (pd) api->dealloc_pd(pd);
+  if (ctx) api->close_device(ctx);
+}
+
+std::string GidText(const ibv_gid& gid) {
+  char b[48];
+  const uint8_t* r = gid.raw;
+  std::snprintf(b, sizeof b, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x", r[0], r[1],
+                r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14], r[15]);
+  return b;
+}
+
+std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, int64_t gid_index) {
+  const std::string none = "no active RDMA device/port found";
+  if (gid_index < 0) {
+    if (const char* v = EnvAny("MORI_TORCH_RDMA_GID_INDEX", "MORI_RDMA_GID_INDEX")) gid_index = std::atoi(v);
+  }
+  std::vector<std::string> wanted;
+  if (const char* v = EnvAny("MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICE")) wanted = SplitNames(v);
+
+  int n = 0;
+  errno = 0;
+  ibv_device** list = api->get_device_list(&n);
+  if (!list || n == 0) {
+    const int e = errno;
+    if (list) api->free_device_list(list);
+    throw Error(StatusCode::ERR_BAD_STATE, none + ": libibverbs lists no RDMA devices" +
+                                               (e ? std::string(" (") + std::strerror(e) + ")" : std::string()));
+  }
+  std::vector<std::shared_ptr<RdmaDevice>> out;
+  std::string skipped;
+  for (int i = 0; i < n; ++i) {
+    const std::string name = api->get_device_name(list[i]);
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) {
+      skipped += " " + name + " (not in MORI_TORCH_RDMA_DEVICES/MORI_RDMA_DEVICE)";
+      continue;
+    }
+    auto d = std::make_shared<RdmaDevice>();
+    d->api = api;
+    d->name = name;
+    d->ctx = api->open_device(list[i]);
+    if (!d->ctx) {
+      skipped += " " + name + " (cannot open: " + std::strerror(errno) + ")";
+      continue;
+    }
+    ibv_device_attr da{};
+    if (api->query_device(d->ctx, &da) != 0) {
+      skipped += " " + name + " (query_device failed)";
+      continue;
+    }
+    bool found = false;
+    for (uint8_t p = 1; p <= da.phys_port_cnt && !found; ++p) {
+      ibv_port_attr pa{};
+      if (api->query_port(d->ctx, p, &pa) != 0 || pa.state != IBV_PORT_ACTIVE) continue;
+      d->port = p;
+      d->roce = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+      d->lid = pa.lid;
+      d->active_mtu = pa.active_mtu;
+      if (pa.max_msg_sz > 0) d->max_msg_bytes = std::min<uint64_t>(pa.max_msg_sz, 1u << 30);
+      int gi = static_cast<int>(gid_index);
+      if (gi < 0) gi = d->roce ? PickRoceGid(api, *d, pa.gid_tbl_len) : 0;
+      if (gi < 0 || gi >= pa.gid_tbl_len || api->query_gid(d->ctx, p, gi, &d->gid) != 0 || ZeroGid(d->gid)) {
+        skipped += " " + name + " port " + std::to_string(p) + " (no usable GID" +
+                   (gi >= 0 ? " at index " + std::to_string(gi) : std::string(": no IPv4-mapped RoCE v2 GID")) +
+                   "; set gid_index or MORI_RDMA_GID_INDEX)";
+        continue;
+      }
+      d->gid_index = gi;
+      found = true;
+    }
+    if (!found) {
+      if (skipped.find(name) == std::string::npos) skipped += " " + name + " (no active port)";
+      continue;
+    }
+    d->pd = api->alloc_pd(d->ctx);
+    if (!d->pd) {
+      skipped += " " + name + " (alloc_pd failed)";
+      continue;
+    }
+    d->max_qp_wr = da.max_qp_wr;
+    d->max_cqe = da.max_cqe;
+    d->max_rd_atomic = std::max(1, std::min(da.max_qp_rd_atom, da.max_qp_init_rd_atom));
+    MORI_LOG(Info, "RDMA: using " << name << " port " << static_cast<int>(d->port) << " GID index "
+                                  << d->gid_index << " " << GidText(d->gid) << " MTU "
+                                  << (128 << static_cast<int>(d->active_mtu)));
+    out.push_back(std::move(d));
+  }
+  api->free_device_list(list);
+  if (out.empty()) throw Error(StatusCode::ERR_BAD_STATE, none + ":" + skipped);
+  // Same order on every engine of a host, whatever order the kernel lists
+  // them in: rail i of one engine pairs with rail i of the other.
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
+  return out;
+}
+
+}  // namespace rdma
+}  // namespace mori_torch

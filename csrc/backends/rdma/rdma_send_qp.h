@@ -1,0 +1,92 @@
+// Initiator side of one QP. Work requests are posted in chains, only the
+// last one signaled; a chain's completion frees its send-queue slots and
+// reports one part of its transfer. Slots are counted here, so posting never
+// overruns the send queue: Reserve waits for room up to a deadline.
+// Completion notices ride at the end of a chain, in slots reserved with it,
+// so a notice can never take room a data chain was promised.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "backends/rdma/rdma_qp.h"
+#include "core/memory_registry.h"
+#include "core/net.h"
+#include "core/transfer_tracker.h"
+
+namespace mori_torch {
+namespace rdma {
+
+// What a transfer keeps alive until its last chain completes.
+struct SendTransfer {
+  MemoryUse local;  // deregistration waits for this
+  std::shared_ptr<TransferTracker> tracker;
+  const char* verb = "RDMA WRITE";
+};
+
+struct Chain {
+  std::shared_ptr<SendTransfer> xfer;
+  uint32_t slots = 0;
+  StatusCode code = StatusCode::SUCCESS;
+  std::string msg;
+};
+
+// The notice a target receives: one part of (initiator, uid) is in place.
+struct NoticeWire {
+  uint32_t magic;
+  uint32_t parts_total;
+  uint64_t uid;
+};
+constexpr uint32_t kNoticeMagic = 0x4e54434d;  // "MCTN"
+
+class SendQp : public RdmaQp {
+ public:
+  SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth,
+         std::string peer_key);
+  ~SendQp() override;
+
+  uint32_t depth() const { return depth_; }
+  // Waits until `n` slots are free (or the deadline passes, or the QP fails).
+  bool Reserve(uint32_t n, Deadline deadline, std::string* why);
+  void Unreserve(uint32_t n);
+  // Fills the next notice buffer and returns its scatter entry.
+  ibv_sge Notice(uint64_t uid, uint32_t parts_total);
+  // Posts the linked list `first` (chain->slots WRs, reserved) as `chain`.
+  // False with *why if nothing was posted (chain not taken); a partial post
+  // (the provider refused midway) breaks the QP: the chain then ends with
+  // the flush.
+  bool Post(ibv_send_wr* first, Chain* chain, std::string* why);
+  // Fails the QP with `reason`; reported for every flushed chain.
+  void Break(const std::string& reason);
+  // Called (on the completion thread) when a work request fails for a reason
+  // other than a flush: the QP is then in the error state and unusable.
+  void SetOnError(std::function<void(const std::string&)> f) { on_error_ = std::move(f); }
+
+  void OnCompletion(const ibv_wc& wc) override;
+
+ protected:
+  bool Idle() override;
+  void OnClosed() override;
+
+ private:
+  void Finish(Chain* c);
+
+  const uint32_t depth_;
+  const std::string peer_key_;
+  std::mutex mu_;
+  std::condition_variable room_;
+  uint32_t used_ = 0;
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::deque<Chain*> outstanding_;  // in posting order; completions come in order
+  std::vector<NoticeWire> notices_;
+  ibv_mr* notice_mr_ = nullptr;
+  uint32_t next_notice_ = 0;
+  std::function<void(const std::string&)> on_error_;
+};
+
+}  // namespace rdma
+}  // namespace mori_torch
