@@ -100,7 +100,7 @@ class XgmiBackendConfig:
     # Extensions (not in MORI-IO): a transfer whose merged segments number at
     # least kernel_min_segments and average under kernel_max_avg_bytes goes
     # to the copy kernel, others to the copy engines (docs/BENCHMARK.md).
-    kernel_min_segments: int = 4
+    kernel_min_segments: int = 8
     kernel_max_avg_bytes: int = 8 << 20
 
 
