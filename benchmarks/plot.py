@@ -75,9 +75,13 @@ def main(argv=None) -> int:
     rax.grid(True, which="both", alpha=0.3)
     ax.set_ylabel("GB/s (1e9 B/s, total bytes / mean transfer time)")
     r0 = records[0]
+    setup = (  # the CLI's records (TCP) come from two processes; bench_xgmi's from one
+        f": two processes on one machine (num_data_conns={r0['num_data_conns']})"
+        if r0.get("num_data_conns") is not None
+        else ""
+    )
     title = args.title or (
-        f"mori_torch {r0['backend']} {r0['mem']}: two processes on one machine "
-        f"(num_data_conns={r0.get('num_data_conns')})\n{r0['machine']}"
+        f"mori_torch {r0['backend']} {r0['mem']}{setup}\n{r0['machine']}"
     )
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
