@@ -20,6 +20,11 @@ def _size_label(n: int) -> str:
     return str(n)
 
 
+def timing_of(records):
+    """'median' when every record says it was timed by its median, else 'mean'."""
+    return "median" if all(r.get("timing") == "median" for r in records) else "mean"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="+", help="benchmark JSON file(s)")
@@ -73,7 +78,7 @@ def main(argv=None) -> int:
     rax.set_ylabel("engine / baseline")
     rax.axhline(1.0, color="gray", lw=0.8)
     rax.grid(True, which="both", alpha=0.3)
-    ax.set_ylabel("GB/s (1e9 B/s, total bytes / mean transfer time)")
+    ax.set_ylabel(f"GB/s (1e9 B/s, total bytes / {timing_of(records)} time per transfer)")
     r0 = records[0]
     setup = (  # the CLI's records (TCP) come from two processes; bench_xgmi's from one
         f": two processes on one machine (num_data_conns={r0['num_data_conns']})"

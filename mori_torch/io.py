@@ -502,6 +502,12 @@ class IOEngine:
             natives.append(s._s)
         return StatusCode(self._e.wait_all(natives, _index("timeout_ms", timeout_ms)))
 
+    def mapped_remote_memories(self) -> int:
+        """How many peers' memories this engine holds mapped (XGMI IPC
+        mappings); a mapping closes when its owner deregisters the memory,
+        when the peer is deregistered, or at shutdown. For tests and leak checks."""
+        return int(self._e.mapped_remote_memories())
+
     def shutdown(self) -> None:
         """Ends in-flight transfers with an error and stops the engine's threads."""
         self._e.shutdown()

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +38,11 @@ struct BackendContext {
   const EngineDesc* self = nullptr;
   MemoryRegistry* memory = nullptr;
   NotificationTable* notices = nullptr;
+  // For backends that map a peer's memory and write it directly (XGMI):
+  // asks the owner to tell this engine when `remote` is deregistered (see
+  // Backend::RevokeRemoteMemory) and checks that it is still registered as
+  // described; throws Error (ERR_NOT_FOUND) when it is not.
+  std::function<void(const MemoryDesc& remote)> watch_remote_memory;
 };
 
 // A backend's link to one remote engine, cached by the backend and pinned by
@@ -73,6 +79,13 @@ class Backend {
   virtual std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) = 0;
   // Drops the peer: its in-flight transfers end with an error.
   virtual void RemovePeer(const std::string& key) = 0;
+  // Engine `owner_key` deregistered memories `ids` that this backend may
+  // have watched (BackendContext::watch_remote_memory): later transfers to
+  // them must fail, and by the time this returns nothing this backend
+  // started may still touch them. Default: nothing mapped, nothing to do.
+  virtual void RevokeRemoteMemory(const std::string& /*owner_key*/, const std::vector<MemoryId>& /*ids*/) {}
+  // Peers' memories this backend holds mapped now (tests, leak checks).
+  virtual size_t MappedRemoteMemories() { return 0; }
   // Serves an inbound data connection until it ends; default refuses.
   virtual bool AcceptsDataConnections() const { return false; }
   virtual void ServeData(const EngineDesc& /*peer*/, Socket& /*sock*/) {}

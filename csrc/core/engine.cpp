@@ -51,6 +51,7 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   ctx_.self = &desc_;
   ctx_.memory = &memory_;
   ctx_.notices = &notices_;
+  ctx_.watch_remote_memory = [this](const MemoryDesc& d) { WatchRemoteMemory(d); };
   if (const char* v = std::getenv("MORI_TORCH_FRAME_TIMEOUT_MS")) {
     int ms = std::atoi(v);
     if (ms > 0) cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
@@ -74,7 +75,9 @@ void Engine::Shutdown() {
   for (auto& b : backends) {
     if (b) b->Shutdown();
   }
-  memory_.Clear();
+  // Peers that mapped our memory must stop writing into it: this process
+  // may reuse it once the engine is gone.
+  RevokeFromWatchers(memory_.Clear());
 }
 
 std::shared_ptr<Backend> Engine::BackendOf(BackendType type) const {
@@ -199,31 +202,93 @@ void Engine::DeregisterMemory(const MemoryDesc& desc) {
     throw Error(StatusCode::ERR_NOT_FOUND, "deregister_memory: memory " + std::to_string(desc.id) +
                                                " is not registered with engine '" + desc_.key + "'");
   }
-  memory_.Remove(desc.id);
+  // Retires it (waits for local I/O), then takes it back from every engine
+  // that mapped it: when this returns, no peer writes into it any more.
+  if (memory_.Remove(desc.id)) RevokeFromWatchers({m});
 }
 
-void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
-  std::shared_ptr<ControlClient> client;
-  {
-    std::unique_lock<std::shared_mutex> lk(remotes_mu_);
-    auto it = remotes_.find(desc.engine_key);
-    if (it == remotes_.end()) {
-      if (desc.engine_key == desc_.key) return;  // our own memory: checked locally
-      throw Error(StatusCode::ERR_NOT_FOUND, "remote engine '" + desc.engine_key +
-                                                 "' is not registered; call register_remote_engine first");
-    }
-    auto& c = control_clients_[desc.engine_key];
-    if (!c) c = std::make_shared<ControlClient>(desc_, it->second, cfg_.connect_timeout_ms);
-    client = c;
+std::shared_ptr<ControlClient> Engine::ClientFor(const std::string& engine_key) {
+  std::unique_lock<std::shared_mutex> lk(remotes_mu_);
+  auto it = remotes_.find(engine_key);
+  if (it == remotes_.end()) {
+    throw Error(StatusCode::ERR_NOT_FOUND,
+                "remote engine '" + engine_key + "' is not registered; call register_remote_engine first");
   }
+  auto& c = control_clients_[engine_key];
+  if (!c) c = std::make_shared<ControlClient>(desc_, it->second, cfg_.connect_timeout_ms);
+  return c;
+}
+
+void Engine::LookupRemoteMemory(const MemoryDesc& desc, FrameType type) {
   ByteWriter w;
   w.Put<uint64_t>(desc.id);
-  Frame reply = client->Call(FrameType::MemLookup, w.bytes());
+  Frame reply = ClientFor(desc.engine_key)->Call(type, w.bytes());
+  if (reply.type != FrameType::MemLookupReply) {
+    throw Error(StatusCode::ERR_BAD_STATE, "engine '" + desc.engine_key + "' answered a memory lookup with frame type " +
+                                               std::to_string(static_cast<int>(reply.type)));
+  }
   MemoryDesc there = MemoryDesc::Unpack(reply.payload.data(), reply.payload.size());
   if (there.data != desc.data || there.size != desc.size || there.loc != desc.loc) {
     throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(desc.id) + " of engine '" +
                                                desc.engine_key + "' no longer matches its descriptor");
   }
+}
+
+void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
+  if (desc.engine_key == desc_.key) return;  // our own memory: checked locally
+  LookupRemoteMemory(desc, FrameType::MemLookup);
+}
+
+void Engine::WatchRemoteMemory(const MemoryDesc& desc) {
+  if (desc.engine_key != desc_.key) return LookupRemoteMemory(desc, FrameType::MemWatch);
+  auto m = memory_.Find(desc.id);  // a transfer within this engine
+  if (!m || m->desc.data != desc.data || m->desc.size != desc.size || !m->AddWatcher(desc_)) {
+    throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(desc.id) + " is not registered with engine '" +
+                                               desc_.key + "' (deregistered?)");
+  }
+}
+
+void Engine::RevokeHere(const std::string& owner_key, const std::vector<MemoryId>& ids) {
+  for (auto t : kPreference) {
+    if (auto b = BackendOf(t)) b->RevokeRemoteMemory(owner_key, ids);
+  }
+}
+
+void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>& mems) {
+  struct Notice {
+    EngineDesc to;
+    std::vector<MemoryId> ids;
+  };
+  std::unordered_map<std::string, Notice> by_engine;
+  for (const auto& m : mems) {
+    for (const EngineDesc& w : m->Watchers()) {
+      Notice& n = by_engine[w.key];
+      n.to = w;
+      n.ids.push_back(m->desc.id);
+    }
+  }
+  if (by_engine.empty()) return;
+  auto revoke = [this](const Notice& n) {
+    if (n.to.key == desc_.key) return RevokeHere(desc_.key, n.ids);
+    ByteWriter w;
+    w.Put<uint32_t>(static_cast<uint32_t>(n.ids.size()));
+    for (MemoryId id : n.ids) w.Put<uint64_t>(id);
+    try {
+      // A connection of its own: the watcher need not be a registered remote.
+      ControlClient client(desc_, n.to, cfg_.connect_timeout_ms);
+      client.Call(FrameType::MemRevoke, w.bytes());
+      client.Close();
+    } catch (const Error& e) {
+      // Unreachable: the process is gone (and its mappings with it) or hung.
+      MORI_LOG(Warning, "engine '" << desc_.key << "': could not revoke " << n.ids.size()
+                                   << " deregistered memory region(s) from engine '" << n.to.key
+                                   << "': " << e.what());
+    }
+  };
+  // In parallel, so a hung watcher costs one timeout, not one per watcher.
+  std::vector<std::thread> threads;
+  for (auto& kv : by_engine) threads.emplace_back(revoke, std::cref(kv.second));
+  for (auto& t : threads) t.join();
 }
 
 StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, std::string* msg) {
@@ -339,6 +404,14 @@ std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const Me
                                    next_uid_);
 }
 
+size_t Engine::MappedRemoteMemories() const {
+  size_t n = 0;
+  for (auto t : kPreference) {
+    if (auto b = BackendOf(t)) n += b->MappedRemoteMemories();
+  }
+  return n;
+}
+
 bool Engine::PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid) {
   return notices_.Pop(initiator_key, uid);
 }
@@ -369,22 +442,37 @@ StatusCode Engine::WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeo
   return pending ? StatusCode::IN_PROGRESS : StatusCode::SUCCESS;
 }
 
-bool Engine::HandleControl(const EngineDesc& /*peer*/, const Frame& request, Frame* reply) {
+bool Engine::HandleControl(const EngineDesc& peer, const Frame& request, Frame* reply) {
   switch (request.type) {
     case FrameType::Ping:
       reply->type = FrameType::Pong;
       return true;
-    case FrameType::MemLookup: {
-      ByteReader r(request.payload.data(), request.payload.size(), "MemLookup frame");
+    case FrameType::MemLookup:
+    case FrameType::MemWatch: {  // the same answer; a watch also records the caller
+      const bool watch = request.type == FrameType::MemWatch;
+      ByteReader r(request.payload.data(), request.payload.size(), watch ? "MemWatch frame" : "MemLookup frame");
       uint64_t id = r.Get<uint64_t>("memory id");
       r.ExpectEnd();
       auto m = memory_.Find(id);
-      if (!m) {
+      if (!m || (watch && !m->AddWatcher(peer))) {
         throw Error(StatusCode::ERR_NOT_FOUND,
                     "memory " + std::to_string(id) + " is not registered with engine '" + desc_.key + "'");
       }
       reply->type = FrameType::MemLookupReply;
       reply->payload = m->desc.Pack();
+      return true;
+    }
+    case FrameType::MemRevoke: {
+      ByteReader r(request.payload.data(), request.payload.size(), "MemRevoke frame");
+      const uint32_t n = r.Get<uint32_t>("count");
+      if (uint64_t{n} * 8 != request.payload.size() - 4) {
+        throw Error(StatusCode::ERR_INVALID_ARGS, "MemRevoke frame: count " + std::to_string(n) + " does not match " +
+                                                      std::to_string(request.payload.size()) + " payload bytes");
+      }
+      std::vector<MemoryId> ids(n);
+      for (auto& id : ids) id = r.Get<uint64_t>("memory id");
+      RevokeHere(peer.key, ids);
+      reply->type = FrameType::MemRevokeAck;
       return true;
     }
     default:

@@ -67,6 +67,8 @@ class Engine : public ControlPlaneDelegate {
   std::shared_ptr<Session> CreateSession(const MemoryDesc& local, const MemoryDesc& remote);
 
   bool PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid);
+  // Peers' memories mapped into this process by this engine's backends.
+  size_t MappedRemoteMemories() const;
   // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
 
@@ -89,6 +91,17 @@ class Engine : public ControlPlaneDelegate {
                    const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
                    const std::vector<int64_t>& sizes, TransferUid uid);
   std::shared_ptr<Backend> BackendOf(BackendType type) const;
+  std::shared_ptr<ControlClient> ClientFor(const std::string& engine_key);
+  // MemLookup or MemWatch of `desc` at its owner; throws unless the owner
+  // still has it registered as described.
+  void LookupRemoteMemory(const MemoryDesc& desc, FrameType type);
+  // BackendContext::watch_remote_memory.
+  void WatchRemoteMemory(const MemoryDesc& desc);
+  // Tells every engine that watched one of `mems` (now retired) that it is
+  // gone and waits for each to acknowledge (bounded by connect_timeout_ms).
+  void RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>& mems);
+  // Owner `owner_key` revoked `ids`: every backend stops using them.
+  void RevokeHere(const std::string& owner_key, const std::vector<MemoryId>& ids);
 
   EngineDesc desc_;
   EngineConfig cfg_;

@@ -12,7 +12,7 @@
 namespace mori_torch {
 
 constexpr uint32_t kFrameMagic = 0x49524f4d;  // "MORI" little-endian
-constexpr uint16_t kProtocolVersion = 2;  // 2: TCP data messages padded to 64 bytes
+constexpr uint16_t kProtocolVersion = 3;  // 2: TCP data messages padded to 64 bytes; 3: memory watch/revoke
 constexpr uint32_t kMaxFramePayload = 1u << 20;
 constexpr size_t kFrameHeaderBytes = 12;
 
@@ -28,7 +28,14 @@ enum class FrameType : uint16_t {
   // (payload private to the backend named in the Hello).
   BackendRequest = 8,
   BackendReply = 9,
-  kMaxKnown = 9,
+  // One-sided backends (XGMI) write straight into a peer's memory, so the
+  // owner must be able to take it back: an importer watches a memory before
+  // it maps it, and the owner revokes it from every watcher when it is
+  // deregistered (acknowledged only after the importer stopped using it).
+  MemWatch = 10,      // u64 memory id -> MemLookupReply; the caller becomes a watcher
+  MemRevoke = 11,     // u32 count, count x u64 memory id (sent by the owner)
+  MemRevokeAck = 12,  // empty
+  kMaxKnown = 12,
 };
 
 enum class ConnectionKind : uint8_t { Control = 1, Data = 2 };

@@ -25,6 +25,26 @@ void LocalMemory::Retire() {
   cv_.wait(lk, [&] { return users_.load(std::memory_order_acquire) == 0; });
 }
 
+bool LocalMemory::AddWatcher(const EngineDesc& engine) {
+  std::lock_guard<std::mutex> lk(mu_);
+  // Checked under mu_, which Watchers() takes after Retire() set the flag:
+  // a watcher is either in the final list or refused.
+  if (retired()) return false;
+  for (auto& w : watchers_) {
+    if (w.key == engine.key) {
+      w = engine;  // the engine restarted with a new address
+      return true;
+    }
+  }
+  watchers_.push_back(engine);
+  return true;
+}
+
+std::vector<EngineDesc> LocalMemory::Watchers() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return watchers_;
+}
+
 std::shared_ptr<LocalMemory> MemoryRegistry::Add(MemoryDesc desc) {
   std::unique_lock<std::shared_mutex> lk(mu_);
   desc.id = next_id_++;
@@ -53,16 +73,19 @@ bool MemoryRegistry::Remove(MemoryId id) {
   return true;
 }
 
-void MemoryRegistry::Clear() {
+std::vector<std::shared_ptr<LocalMemory>> MemoryRegistry::Clear() {
   std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> all;
   {
     std::unique_lock<std::shared_mutex> lk(mu_);
     all.swap(map_);
   }
+  std::vector<std::shared_ptr<LocalMemory>> out;
   for (auto& kv : all) {
     kv.second->Retire();
     RunRemovalHooks(kv.second->desc);
+    out.push_back(std::move(kv.second));
   }
+  return out;
 }
 
 uint64_t MemoryRegistry::AddRemovalHook(RemovalHook hook) {

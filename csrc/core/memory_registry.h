@@ -12,6 +12,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/descriptors.h"
 
@@ -31,7 +32,14 @@ class LocalMemory {
   // Stops new users and waits until the running ones have released.
   void Retire();
 
+  // Engines that mapped this memory into their own address space (one-sided
+  // backends) and must be told when it goes away. False once retired.
+  bool AddWatcher(const EngineDesc& engine);
+  // The watchers, deduplicated by key. After Retire() the list is final.
+  std::vector<EngineDesc> Watchers();
+
  private:
+  std::vector<EngineDesc> watchers_;  // guarded by mu_
   std::atomic<bool> retired_{false};
   std::atomic<int64_t> users_{0};
   std::mutex mu_;
@@ -81,8 +89,8 @@ class MemoryRegistry {
   std::shared_ptr<LocalMemory> Find(MemoryId id) const;
   // Removes and retires; returns false if the id is unknown.
   bool Remove(MemoryId id);
-  // Retires everything (engine shutdown).
-  void Clear();
+  // Retires everything (engine shutdown) and returns the retired entries.
+  std::vector<std::shared_ptr<LocalMemory>> Clear();
 
  private:
   void RunRemovalHooks(const MemoryDesc& d);

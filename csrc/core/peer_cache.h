@@ -29,6 +29,21 @@ class PeerCache {
     return p;
   }
 
+  // The peer for `key` if there is one (nullptr otherwise); creates none.
+  std::shared_ptr<PeerT> Find(const std::string& key) {
+    std::shared_lock<std::shared_mutex> lk(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+
+  std::vector<std::shared_ptr<PeerT>> All() {
+    std::shared_lock<std::shared_mutex> lk(mu_);
+    std::vector<std::shared_ptr<PeerT>> out;
+    out.reserve(map_.size());
+    for (auto& kv : map_) out.push_back(kv.second);
+    return out;
+  }
+
   // Removes and returns the peer for `key` (nullptr if there is none).
   std::shared_ptr<PeerT> Take(const std::string& key) {
     std::unique_lock<std::shared_mutex> lk(mu_);

@@ -336,6 +336,8 @@ TORCH_LIBRARY(mori, m) {
              return static_cast<int64_t>(Engine::WaitAll(v, timeout_ms));
            })
       .def("shutdown", [](const EngineRef& self) { self->e->Shutdown(); })
+      .def("mapped_remote_memories",
+           [](const EngineRef& self) { return static_cast<int64_t>(self->e->MappedRemoteMemories()); })
       .def_static("pinned_host_bytes", []() { return static_cast<int64_t>(gpu::PinnedBytes()); })
       .def_static("set_log_level", [](const std::string& level) {
         Guard([&] {

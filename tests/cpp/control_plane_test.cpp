@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -362,6 +363,127 @@ TEST_F(ControlPlaneTest, MemLookupAnswersWithErrorOrDescriptor) {
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(reply.type, FrameType::Pong);
   ExpectServerStillServes();
+}
+
+// A watcher speaking the protocol from raw sockets: it accepts the owner's
+// connection, answers the Hello and hands back each request frame.
+class RawWatcher {
+ public:
+  explicit RawWatcher(EngineDesc* desc) {
+    int port = 0;
+    listener_ = Listen("127.0.0.1", 0, &port);
+    desc->port = port;
+    desc_ = *desc;
+  }
+  // Accepts one connection and completes its Hello; false on timeout.
+  bool Accept(int ms) {
+    if (!WaitReadable(listener_.fd(), ms)) return false;
+    conn_ = Socket(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    Frame hello;
+    if (!ReadFrame(conn_.fd(), &hello, ms, ms).ok || hello.type != FrameType::Hello) return false;
+    return WriteFrame(conn_.fd(), FrameType::HelloAck, desc_.Pack(), ms).ok;
+  }
+  bool Next(Frame* f, int ms) { return ReadFrame(conn_.fd(), f, ms, ms).ok; }
+  bool Reply(FrameType t) { return WriteFrame(conn_.fd(), t, {}, 2000).ok; }
+
+ private:
+  EngineDesc desc_;
+  Socket listener_, conn_;
+};
+
+TEST_F(ControlPlaneTest, MemWatchAndMemRevokeRequestsAreChecked) {
+  int fd = Handshake();
+  Frame reply;
+  auto ask = [&](FrameType t, const std::vector<uint8_t>& payload) {
+    ASSERT_TRUE(SendAll(fd, EncodeFrame(t, payload)));
+    IoResult r = ReadFrame(fd, &reply, 2000, 2000);
+    ASSERT_TRUE(r.ok) << r.error;
+  };
+  ask(FrameType::MemWatch, U64(4242));
+  ASSERT_EQ(reply.type, FrameType::Error);
+  EXPECT_EQ(DecodeError(reply).code, StatusCode::ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(DecodeError(reply).message, "memory 4242")) << DecodeError(reply).message;
+  ask(FrameType::MemWatch, {1, 2});
+  ASSERT_EQ(reply.type, FrameType::Error);
+  EXPECT_EQ(DecodeError(reply).code, StatusCode::ERR_INVALID_ARGS);
+  ask(FrameType::MemWatch, U64(memd_.id));
+  ASSERT_EQ(reply.type, FrameType::MemLookupReply);
+  EXPECT_EQ(MemoryDesc::Unpack(reply.payload.data(), reply.payload.size()), memd_);
+  // A revoke whose count disagrees with its length, or is cut short.
+  ByteWriter bad;
+  bad.Put<uint32_t>(3);
+  bad.Put<uint64_t>(1);
+  ask(FrameType::MemRevoke, bad.bytes());
+  ASSERT_EQ(reply.type, FrameType::Error);
+  EXPECT_TRUE(Contains(DecodeError(reply).message, "count 3")) << DecodeError(reply).message;
+  ask(FrameType::MemRevoke, {1, 0});
+  ASSERT_EQ(reply.type, FrameType::Error);
+  ByteWriter huge;
+  huge.Put<uint32_t>(0xffffffffu);
+  ask(FrameType::MemRevoke, huge.bytes());
+  ASSERT_EQ(reply.type, FrameType::Error);
+  // A well-formed revoke of memory nobody here mapped: acknowledged.
+  ByteWriter ok;
+  ok.Put<uint32_t>(2);
+  ok.Put<uint64_t>(7);
+  ok.Put<uint64_t>(8);
+  ask(FrameType::MemRevoke, ok.bytes());
+  EXPECT_EQ(reply.type, FrameType::MemRevokeAck);
+  ExpectServerStillServes();
+}
+
+TEST_F(ControlPlaneTest, DeregisterMemoryReturnsOnlyAfterEveryWatcherAcknowledged) {
+  EngineDesc watcher_desc = self_;
+  RawWatcher watcher(&watcher_desc);
+  ControlClient client(watcher_desc, server_->Desc(), 2000);
+  Frame f = client.Call(FrameType::MemWatch, U64(memd_.id));
+  ASSERT_EQ(f.type, FrameType::MemLookupReply);
+
+  std::atomic<bool> returned{false};
+  std::thread dereg([&] {
+    server_->DeregisterMemory(memd_);
+    returned = true;
+  });
+  ASSERT_TRUE(watcher.Accept(5000)) << "the owner never called the watcher";
+  Frame revoke;
+  ASSERT_TRUE(watcher.Next(&revoke, 5000));
+  ASSERT_EQ(revoke.type, FrameType::MemRevoke);
+  ByteReader r(revoke.payload.data(), revoke.payload.size(), "test revoke");
+  EXPECT_EQ(r.Get<uint32_t>("count"), 1u);
+  EXPECT_EQ(r.Get<uint64_t>("id"), memd_.id);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(returned.load()) << "deregister_memory returned before the watcher acknowledged";
+  ASSERT_TRUE(watcher.Reply(FrameType::MemRevokeAck));
+  dereg.join();
+  EXPECT_TRUE(returned.load());
+  // Gone for good: a late watch is refused.
+  auto e = CatchError([&] { client.Call(FrameType::MemWatch, U64(memd_.id)); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), StatusCode::ERR_NOT_FOUND);
+}
+
+TEST_F(ControlPlaneTest, AWatcherThatNeverAnswersDelaysDeregistrationOnlyByTheTimeout) {
+  EngineConfig cfg{"127.0.0.1", 0};
+  cfg.connect_timeout_ms = 300;
+  Engine owner("owner-short-timeout", cfg);
+  std::vector<uint8_t> buf(4096);
+  MemoryDesc d = owner.RegisterMemory(reinterpret_cast<uint64_t>(buf.data()), 4096, -1, MemoryLocationType::CPU);
+  EngineDesc hung = self_;
+  RawWatcher watcher(&hung);  // listens, never accepts: the Hello times out
+  EngineDesc gone = self_;
+  gone.key = "gone-watcher";
+  gone.port = 1;  // nothing listens there
+  for (const EngineDesc& w : {hung, gone}) {
+    ControlClient c(w, owner.Desc(), 2000);
+    ASSERT_EQ(c.Call(FrameType::MemWatch, U64(d.id)).type, FrameType::MemLookupReply);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  owner.DeregisterMemory(d);
+  const int64_t ms = MsSince(t0);
+  EXPECT_LT(ms, 3000) << "watchers are told in parallel, each bounded by connect_timeout_ms";
+  auto e = CatchError([&] { owner.DeregisterMemory(d); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code(), StatusCode::ERR_NOT_FOUND);
 }
 
 TEST_F(ControlPlaneTest, ControlClientAndOpenEngineConnection) {

@@ -210,5 +210,34 @@ TEST(MemoryRegistryTest, RemovalHooksRunAfterRetirementUntilRemoved) {
   EXPECT_EQ(seen, (std::vector<MemoryId>{0, c->desc.id}));
 }
 
+TEST(MemoryRegistryTest, WatchersAreKeptPerEngineAndRefusedOnceRetired) {
+  MemoryRegistry r;
+  auto m = r.Add(Desc(0x1000, 10));
+  EngineDesc a, b;
+  a.key = "a";
+  a.port = 1;
+  b.key = "b";
+  EXPECT_TRUE(m->AddWatcher(a));
+  EXPECT_TRUE(m->AddWatcher(b));
+  a.port = 2;  // the same engine again, restarted elsewhere: replaced, not doubled
+  EXPECT_TRUE(m->AddWatcher(a));
+  ASSERT_TRUE(r.Remove(m->desc.id));
+  EngineDesc late;
+  late.key = "late";
+  EXPECT_FALSE(m->AddWatcher(late));
+  auto w = m->Watchers();
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].key, "a");
+  EXPECT_EQ(w[0].port, 2);
+  EXPECT_EQ(w[1].key, "b");
+  // Clear hands back what it retired, watchers and all.
+  auto n = r.Add(Desc(0x2000, 10));
+  EXPECT_TRUE(n->AddWatcher(b));
+  auto cleared = r.Clear();
+  ASSERT_EQ(cleared.size(), 1u);
+  EXPECT_EQ(cleared[0]->Watchers().size(), 1u);
+  EXPECT_FALSE(n->AddWatcher(a));
+}
+
 }  // namespace
 }  // namespace mori_torch

@@ -12,7 +12,7 @@ MAGIC = 0x49524F4D
 HELLO, MEM_LOOKUP = 1, 4
 
 
-def frame(ftype, payload=b"", magic=MAGIC, version=2, length=None):
+def frame(ftype, payload=b"", magic=MAGIC, version=3, length=None):
     return struct.pack("<IHHI", magic, version, ftype, len(payload) if length is None else length) + payload
 
 

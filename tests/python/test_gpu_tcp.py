@@ -41,12 +41,15 @@ def rand_bytes(n, seed, device="cpu"):
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device)
 
 
-KINDS = {"gpu-gpu": ("cuda:0", "cuda:0"), "cpu-gpu": ("cpu", "cuda:0"), "gpu-cpu": ("cuda:0", "cpu")}
+KINDS = {"gpu-gpu": ("cuda:0", "cuda:0"), "cpu-gpu": ("cpu", "cuda:0"), "gpu-cpu": ("cuda:0", "cpu"),
+         "gpu0-gpu1": ("cuda:0", "cuda:1")}
 
 
 @pytest.fixture(params=list(KINDS), ids=list(KINDS))
 def tcp_pair(request):
     ldev, rdev = KINDS[request.param]
+    if rdev == "cuda:1" and torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
     a, b = tcp_engine("gt-a", num_data_conns=4), tcp_engine("gt-b", num_data_conns=4)
     a.register_remote_engine(b.get_engine_desc())
     n = 6 << 20
@@ -194,6 +197,7 @@ def test_pinned_bytes_return_to_zero_after_engines_end():
     assert mori_torch.pinned_host_bytes() > before
     a.shutdown()
     b.shutdown()
+    assert mori_torch.pinned_host_bytes() == before
 
 
 def test_target_without_staging_rejects_cleanly(monkeypatch):

@@ -67,11 +67,15 @@ def test_gpu_registration_fields():
     big = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda:0")
     view = big[1 << 20: 2 << 20]
     d = e.register_torch_tensor(view)
+    whole = e.register_torch_tensor(big)
     assert d.loc == MemoryLocationType.GPU and d.device_id == 0 and d.numa_node == -1
     assert d.device_bus_id and d.device_bus_id == d.device_bus_id.lower() and ":" in d.device_bus_id
     assert d.data == view.data_ptr() and d.size == 1 << 20
     assert d.ipc_handle != bytes(64)
-    assert d.ipc_offset >= 1 << 20  # offset from the caching allocator's block base
+    # Both name the allocation base's handle; the offsets place each range in it.
+    assert d.ipc_handle == whole.ipc_handle
+    assert d.ipc_offset - whole.ipc_offset == 1 << 20
+    assert whole.ipc_offset == big.data_ptr() - (d.data - d.ipc_offset)
     assert MemoryDesc.unpack(d.pack()) == d
     # Registering past the end of the device allocation is refused.
     with pytest.raises(ValueError, match="exceeds its device allocation"):
@@ -383,6 +387,9 @@ def _gpu_target(conn, key, device):
         if cmd == "dereg_view":
             eng.deregister_memory(vd)
             conn.send(True)
+        elif isinstance(cmd, tuple) and cmd[0] == "pages":
+            idx = torch.tensor(cmd[1], device=big.device)
+            conn.send(bytes(big.view(-1, 4096).index_select(0, idx).cpu().numpy()))
         elif cmd == "sum":
             conn.send(int(big.sum().item()))
         elif cmd == "exit":
@@ -391,11 +398,14 @@ def _gpu_target(conn, key, device):
             return
 
 
-@pytest.fixture
-def gpu_remote():
+@pytest.fixture(params=[0, 1], ids=["remote-on-cuda0", "remote-on-cuda1"])
+def gpu_remote(request):
+    """A target engine in another process, on the same GPU as ours or on the other."""
+    dev = request.param
+    if dev == 1 and not TWO_GPUS:
+        pytest.skip("needs two GPUs")
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    dev = 1 if TWO_GPUS else 0
     proc = ctx.Process(target=_gpu_target, args=(child, unique_key("gpu-remote"), dev), daemon=True)
     proc.start()
     assert conn.poll(120), "GPU target did not start"
@@ -422,14 +432,67 @@ def test_view_at_offset_read_from_another_process(gpu_remote):
     sess = a.create_session(ld, whole)
     wait_ok(sess.batch_read([i * 4096 for i in range(256)], [p * 4096 for p in pages], [4096] * 256,
                             sess.allocate_transfer_uid()))
+    conn.send(("pages", pages))
+    assert bytes(local[:256 * 4096].cpu().numpy()) == conn.recv()
     # Write back into the remote allocation and check through its sum.
     before = conn.send("sum") or conn.recv()
     local.fill_(0)
     wait_ok(a.write(ld, 0, view, 0, 1 << 20, a.allocate_transfer_uid()))
     after = conn.send("sum") or conn.recv()
     assert after == before - sum(view_bytes)
-    # The target deregisters while we hold the mapping: nothing crashes, and
-    # our engine can still shut down cleanly.
+    assert a.mapped_remote_memories() == 2  # the view and the whole allocation
+    a.shutdown()
+    assert a.mapped_remote_memories() == 0
+
+
+def test_owner_deregistering_takes_the_memory_back(gpu_remote):
+    """The target deregisters a memory we hold mapped: its deregister_memory
+    returns only after we closed the mapping, and every later transfer to it
+    fails (engine call and session alike) without touching its bytes; the
+    other memory of the same allocation keeps working."""
+    conn, edesc, whole, view, view_bytes = gpu_remote
+    a = xgmi_engine("grevoke")
+    a.register_remote_engine(edesc)
+    local = torch.full((1 << 20,), 7, dtype=torch.uint8, device="cuda:0")
+    ld = a.register_torch_tensor(local)
+    sess = a.create_session(ld, view)
+    wait_ok(sess.read(0, 0, 4096, 1))
+    assert bytes(local[:4096].cpu().numpy()) == view_bytes[:4096]
+    wait_ok(a.read(ld, 0, whole, 0, 4096, a.allocate_transfer_uid()))
+    assert a.mapped_remote_memories() == 2
+    local.fill_(7)
+    before = conn.send("sum") or conn.recv()
     conn.send("dereg_view")
     assert conn.recv() is True
+    assert a.mapped_remote_memories() == 1  # closed before the owner's call returned
+    for st in (a.write(ld, 0, view, 0, 1 << 20, a.allocate_transfer_uid()), sess.write(0, 0, 4096, 2),
+               sess.batch_write([0, 8192], [0, 8192], [4096, 4096], 3)):
+        assert st.WaitFor(10000) == StatusCode.ERR_NOT_FOUND
+        assert "deregistered" in st.Message(), st.Message()
+    assert (conn.send("sum") or conn.recv()) == before  # nothing was written
+    # The rest of the allocation is registered on its own and still served.
+    wait_ok(a.write(ld, 0, whole, 0, 4096, a.allocate_transfer_uid()))
+    assert (conn.send("sum") or conn.recv()) != before
     a.shutdown()
+
+
+def test_owner_deregistering_in_one_process_is_revoked_too():
+    """Same process (no IPC mapping): transfers to memory its owner
+    deregistered fail instead of writing into memory torch may reuse."""
+    a, b = xgmi_engine("grv-a"), xgmi_engine("grv-b")
+    a.register_remote_engine(b.get_engine_desc())
+    local = torch.ones(1 << 20, dtype=torch.uint8, device="cuda:0")
+    remote = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    ld = a.register_torch_tensor(local)
+    rd_b = b.register_torch_tensor(remote)
+    rd = MemoryDesc.unpack(rd_b.pack())
+    wait_ok(a.write(ld, 0, rd, 0, 4096, 1))
+    assert int(remote[:4096].sum()) == 4096
+    b.deregister_memory(rd_b)
+    remote.zero_()
+    st = a.write(ld, 0, rd, 0, 1 << 20, 2)
+    assert st.WaitFor(10000) == StatusCode.ERR_NOT_FOUND and "deregistered" in st.Message()
+    torch.cuda.synchronize()
+    assert int(remote.sum()) == 0
+    a.shutdown()
+    b.shutdown()

@@ -77,6 +77,27 @@ void XgmiBackend::RemovePeer(const std::string& key) {
   if (auto p = peers_.Take(key)) p->Close();
 }
 
+void XgmiBackend::RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids) {
+  if (auto p = peers_.Find(owner_key)) p->Revoke(ids);
+}
+
+void XgmiBackend::DrainCopies() {
+  gpu::RelaxedCaptureScope relaxed;  // runs on a control-plane thread: never break a capture elsewhere
+  std::lock_guard<std::mutex> lk(dev_mu_);
+  for (auto& kv : devices_) {
+    for (auto& lane : kv.second->lanes) {
+      gpu::SynchronizeStream(lane->stream);
+      gpu::SynchronizeStream(lane->upload);
+    }
+  }
+}
+
+size_t XgmiBackend::MappedRemoteMemories() {
+  size_t n = 0;
+  for (auto& p : peers_.All()) n += p->MappedCount();
+  return n;
+}
+
 DeviceContext& XgmiBackend::Device(int device) {
   std::lock_guard<std::mutex> lk(dev_mu_);
   auto& dc = devices_[device];
@@ -426,34 +447,120 @@ XgmiPeer::XgmiPeer(XgmiBackend* backend, EngineDesc remote)
 
 XgmiPeer::~XgmiPeer() { Close(); }
 
-void XgmiPeer::Close() {
-  if (closed_.exchange(true)) return;
-  std::lock_guard<std::mutex> lk(map_mu_);
-  for (auto& kv : mapped_) {
+uint64_t XgmiPeer::OpenShared(const gpu::IpcHandle& handle, int device) {
+  Opened& o = opened_[{handle, device}];
+  if (o.users == 0) {
     try {
-      gpu::CloseIpcHandle(kv.second.base, kv.second.device);
-    } catch (const Error& e) {
-      MORI_LOG(Warning, "XGMI: closing the mapping of " << remote_.key << "'s memory " << kv.first << ": "
-                                                        << e.what());
+      o.base = gpu::OpenIpcHandle(handle, device);
+    } catch (...) {
+      opened_.erase({handle, device});
+      throw;
     }
   }
-  mapped_.clear();
+  ++o.users;
+  return o.base;
 }
 
-uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device) {
-  if (same_process_) {
-    gpu::EnablePeerAccess(local_device, d.device_id);
-    return d.data;
+void XgmiPeer::Unmap(MemoryId id, const Mapping& m) {
+  if (!m.ipc_base) return;  // same process: nothing was opened
+  auto it = opened_.find({m.handle, m.device});
+  if (it == opened_.end() || --it->second.users > 0) return;
+  opened_.erase(it);
+  try {
+    gpu::RelaxedCaptureScope relaxed;
+    gpu::CloseIpcHandle(m.ipc_base, m.device);
+  } catch (const Error& e) {
+    MORI_LOG(Warning, "XGMI: closing the mapping of " << remote_.key << "'s memory " << id << ": " << e.what());
+  }
+}
+
+void XgmiPeer::Close() {
+  if (closed_.exchange(true)) return;
+  std::unique_lock<std::shared_mutex> use(use_mu_);
+  std::lock_guard<std::mutex> lk(map_mu_);
+  for (auto& kv : mapped_) Unmap(kv.first, kv.second);
+  for (auto& kv : retained_) Unmap(kv.first, kv.second);
+  mapped_.clear();
+  retained_.clear();
+}
+
+void XgmiPeer::Revoke(const std::vector<MemoryId>& ids) {
+  std::unique_lock<std::shared_mutex> use(use_mu_);  // nobody is between lookup and enqueue now
+  std::vector<std::pair<MemoryId, Mapping>> unmap;
+  bool was_mapped = false;
+  {
+    std::lock_guard<std::mutex> lk(map_mu_);
+    for (MemoryId id : ids) {
+      revoked_.insert(id);
+      auto it = mapped_.find(id);
+      if (it == mapped_.end()) continue;
+      was_mapped = true;
+      if (it->second.on_streams) {
+        retained_.emplace_back(*it);
+      } else {
+        unmap.emplace_back(*it);
+      }
+      mapped_.erase(it);
+    }
+  }
+  if (!was_mapped) return;
+  // Copies already enqueued may still read or write the memory: the owner
+  // hears back only after they ran.
+  try {
+    backend_->DrainCopies();
+  } catch (const Error& e) {
+    MORI_LOG(Error, "XGMI: waiting for copies before revoking memory of '" << remote_.key << "': " << e.what());
   }
   std::lock_guard<std::mutex> lk(map_mu_);
+  for (auto& kv : unmap) Unmap(kv.first, kv.second);
+}
+
+size_t XgmiPeer::MappedCount() {
+  std::lock_guard<std::mutex> lk(map_mu_);
+  return mapped_.size();
+}
+
+uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream) {
+  auto revoked = [&] {
+    return Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                "' was deregistered by its owner");
+  };
+  auto found = [&](Mapping& m) {
+    if (d.data != m.remote_data || d.size != m.size) {  // a stale or forged descriptor of a mapped id
+      throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                 "' no longer matches its descriptor");
+    }
+    if (same_process_) gpu::EnablePeerAccess(local_device, d.device_id);
+    m.on_streams |= on_stream;
+    return m.addr;
+  };
+  {
+    std::lock_guard<std::mutex> lk(map_mu_);
+    if (revoked_.count(d.id)) throw revoked();
+    auto it = mapped_.find(d.id);
+    if (it != mapped_.end()) return found(it->second);
+  }
+  // First use of this memory: become a watcher (one control round trip, which
+  // also checks the descriptor against the owner's registration), then map.
+  backend_->ctx().watch_remote_memory(d);
+  std::lock_guard<std::mutex> lk(map_mu_);
+  if (revoked_.count(d.id)) throw revoked();
   auto it = mapped_.find(d.id);
   if (it == mapped_.end()) {
     Mapping m;
     m.device = local_device;
-    m.base = gpu::OpenIpcHandle(d.ipc_handle, local_device);
+    m.size = d.size;
+    m.remote_data = d.data;
+    if (same_process_) {
+      m.addr = d.data;
+    } else {
+      m.handle = d.ipc_handle;
+      m.ipc_base = OpenShared(m.handle, local_device);
+      m.addr = m.ipc_base + d.ipc_offset;
+    }
     it = mapped_.emplace(d.id, m).first;
   }
-  return it->second.base + d.ipc_offset;
+  return found(it->second);
 }
 
 void XgmiPeer::Submit(TransferOp op) {
@@ -461,12 +568,14 @@ void XgmiPeer::Submit(TransferOp op) {
     op.status->Update(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
     return;
   }
+  std::shared_lock<std::shared_mutex> use(use_mu_);
   uint64_t base;
   try {
-    base = RemoteBase(op.remote, op.local->desc.device_id);
+    base = RemoteBase(op.remote, op.local->desc.device_id, false);
   } catch (const Error& e) {
-    op.status->Update(StatusCode::ERR_GPU_OP, "mapping memory " + std::to_string(op.remote.id) + " of engine '" +
-                                                  remote_.key + "': " + e.what());
+    const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
+    op.status->Update(gone ? e.code() : StatusCode::ERR_GPU_OP, "mapping memory " + std::to_string(op.remote.id) +
+                                                                    " of engine '" + remote_.key + "': " + e.what());
     return;
   }
   backend_->Run(std::move(op), base);

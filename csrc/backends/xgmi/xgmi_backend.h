@@ -5,17 +5,24 @@
 // to one gather/scatter kernel launch reading its list from device memory.
 // Completion: an event per transfer, polled by the status (Code/Wait) and by
 // a completion thread, so statuses end even if nobody polls.
+// Revocation: before it first maps a memory, a peer registers with the owner
+// as a watcher; when the owner deregisters it, the peer refuses further
+// transfers to it, waits for the copies in flight and closes the mapping
+// before acknowledging, so the owner's deregister_memory returns only once
+// nothing here can write into that memory.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/backend.h"
@@ -78,6 +85,10 @@ class XgmiPeer : public BackendPeer {
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
   void Close();
+  // The owner deregistered `ids`: see the file comment.
+  void Revoke(const std::vector<MemoryId>& ids);
+  // Remote memories mapped and not revoked (for tests and leak checks).
+  size_t MappedCount();
   // Stream-ordered transfers (xgmi_stream.cpp): one bounds-checked copy
   // kernel on the caller's stream.
   bool RunsOnStream() const override { return true; }
@@ -86,19 +97,42 @@ class XgmiPeer : public BackendPeer {
                       gpu::Stream stream) override;
 
  private:
-  // Address of remote memory `d` in this process.
-  uint64_t RemoteBase(const MemoryDesc& d, int local_device);
+  // Address of remote memory `d` in this process; the first use of a memory
+  // watches it at its owner and maps it. `on_stream`: the address goes into
+  // work on a caller's stream (maybe a CUDA graph), which this backend cannot
+  // wait for, so the mapping then stays open until the peer closes. Callers
+  // hold use_mu_ shared until the copies are enqueued.
+  uint64_t RemoteBase(const MemoryDesc& d, int local_device, bool on_stream);
 
   XgmiBackend* backend_;
   const EngineDesc remote_;
   const bool same_process_;
   std::atomic<bool> closed_{false};
+  // Shared from address lookup to enqueue, exclusive while revoking: no copy
+  // can be enqueued with an address that is being taken back.
+  std::shared_mutex use_mu_;
   std::mutex map_mu_;
   struct Mapping {
-    uint64_t base = 0;
+    uint64_t addr = 0;      // the registered range in this process
+    uint64_t ipc_base = 0;  // what OpenIpcHandle returned; 0 in one process
+    gpu::IpcHandle handle{};
+    uint64_t remote_data = 0;  // the owner's address and size, as watched
+    uint64_t size = 0;
     int device = -1;
+    bool on_streams = false;
   };
+  // Both under map_mu_. Registrations inside one allocation share its IPC
+  // handle: it is opened once per (handle, device) and closed with its last user.
+  uint64_t OpenShared(const gpu::IpcHandle& handle, int device);
+  void Unmap(MemoryId id, const Mapping& m);
+  struct Opened {
+    uint64_t base = 0;
+    int users = 0;
+  };
+  std::map<std::pair<gpu::IpcHandle, int>, Opened> opened_;
   std::unordered_map<MemoryId, Mapping> mapped_;
+  std::vector<std::pair<MemoryId, Mapping>> retained_;  // revoked, used by stream work: closed with the peer
+  std::unordered_set<MemoryId> revoked_;
 };
 
 class XgmiBackend : public Backend {
@@ -109,7 +143,11 @@ class XgmiBackend : public Backend {
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   void RemovePeer(const std::string& key) override;
+  void RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids) override;
   void Shutdown() override;
+  // Waits until every copy enqueued so far on this backend's streams ran.
+  void DrainCopies();
+  size_t MappedRemoteMemories() override;
 
   // Runs the copies of one transfer and tracks its completion.
   void Run(TransferOp op, uint64_t remote_base);

@@ -9,7 +9,8 @@ namespace xgmi {
 
 void XgmiPeer::PrepareStream(const LocalMemory& local, const MemoryDesc& remote) {
   gpu::WarmUpStreamKernels(local.desc.device_id);
-  (void)RemoteBase(remote, local.desc.device_id);
+  std::shared_lock<std::shared_mutex> use(use_mu_);
+  (void)RemoteBase(remote, local.desc.device_id, true);
 }
 
 void XgmiPeer::LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote, gpu::StreamCopyArgs args,
@@ -20,7 +21,8 @@ void XgmiPeer::LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote
   // Mapping is cached after PrepareStream; the scope keeps a first mapping
   // from invalidating a capture in progress on this thread.
   gpu::RelaxedCaptureScope relaxed;
-  args.remote_base = RemoteBase(remote, local.desc.device_id);
+  std::shared_lock<std::shared_mutex> use(use_mu_);  // held until the kernel is enqueued
+  args.remote_base = RemoteBase(remote, local.desc.device_id, true);
   args.remote_size = remote.size;
   gpu::LaunchStreamCopy(args, stream);
 }
