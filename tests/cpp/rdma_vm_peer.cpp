@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "backends/rdma/rdma_recv_qp.h"
 #include "core/engine.h"
 
 extern char** environ;
@@ -122,6 +123,9 @@ int RunPeer(int argc, char** argv) {
     } else if (cmd == "dereg") {
       engine.DeregisterMemory(mem);
       std::cout << "OK" << std::endl;
+    } else if (cmd == "notices") {
+      const rdma::NoticeCounters c = rdma::TargetNoticeCounters();
+      std::cout << "NOTICES " << c.received << " " << c.incomplete << std::endl;
     } else if (cmd == "quit") {
       break;
     }
@@ -159,6 +163,7 @@ PeerProcess::PeerProcess(const std::string& key, uint64_t buf_bytes, const std::
 }
 
 PeerProcess::~PeerProcess() {
+  if (stopped_) Continue();
   if (to_) {
     fputs("quit\n", to_);
     fclose(to_);
@@ -198,6 +203,34 @@ bool PeerProcess::Pop(const std::string& initiator, uint64_t uid) {
   return r == "POP 1";
 }
 
+void PeerProcess::Stop() {
+  if (pid_ <= 0 || stopped_) return;
+  kill(pid_, SIGSTOP);
+  int st = 0;
+  // Returns once every thread of the peer is stopped.
+  while (waitpid(pid_, &st, WUNTRACED) == pid_ && !WIFSTOPPED(st)) {
+  }
+  stopped_ = true;
+}
+
+void PeerProcess::Continue() {
+  if (pid_ <= 0 || !stopped_) return;
+  kill(pid_, SIGCONT);
+  int st = 0;
+  waitpid(pid_, &st, WCONTINUED);
+  stopped_ = false;
+}
+
+std::pair<uint64_t, uint64_t> PeerProcess::Notices() {
+  std::string r = Command("notices");
+  std::stringstream ss(r);
+  std::string word;
+  uint64_t received = 0, incomplete = 0;
+  ss >> word >> received >> incomplete;
+  if (word != "NOTICES") throw std::runtime_error("bad notices reply '" + r + "'");
+  return {received, incomplete};
+}
+
 void PeerProcess::Kill() {
   if (to_) fclose(to_);
   to_ = nullptr;
@@ -206,6 +239,7 @@ void PeerProcess::Kill() {
     int st;
     waitpid(pid_, &st, 0);
     pid_ = -1;
+    stopped_ = false;
   }
 }
 

@@ -6,6 +6,8 @@
 //   hash OFF LEN     reply "HASH <h>" of the bytes there
 //   pop KEY UID      reply "POP 1" or "POP 0" (pop_inbound_transfer_status)
 //   dereg            deregister the buffer
+//   notices          reply "NOTICES <received> <incomplete>": the RDMA
+//                    target's notice counters (rdma::TargetNoticeCounters)
 //   quit
 #pragma once
 
@@ -14,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/descriptors.h"
@@ -39,10 +42,19 @@ class PeerProcess {
   uint64_t Hash(uint64_t off, uint64_t len);
   bool Pop(const std::string& initiator, uint64_t uid);
   void Kill();  // SIGKILL, no goodbye
+  // SIGSTOP / SIGCONT, each returning once the kernel reports the change.
+  // While stopped, the peer's threads do nothing (its NIC, the kernel's
+  // Soft-RoCE, still answers RDMA READ/WRITE; notice buffers used up are not
+  // posted again). The destructor continues a stopped peer.
+  void Stop();
+  void Continue();
+  // The target's notice counters (received, incomplete), see above.
+  std::pair<uint64_t, uint64_t> Notices();
   pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
+  bool stopped_ = false;
   FILE* to_ = nullptr;
   FILE* from_ = nullptr;
   EngineDesc engine_;

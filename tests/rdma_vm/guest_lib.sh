@@ -29,7 +29,7 @@ wait_listening() {
 perftest_pair() {
     local out=$1 tool=$2
     shift 2
-    local cmd=("$tool" -d "$MORI_RDMA_DEVICE" -x "$MORI_RDMA_GID_INDEX" -F "$@")
+    local cmd=("$tool" -d "$MORI_RDMA_DEVICE" -x "${MORI_RDMA_GID_INDEX:-$MORI_VM_GID_INDEX}" -F "$@")
     timeout 120 "${cmd[@]}" >"$out.server" 2>&1 &
     local srv=$!
     # perftest's default port 18515 = 0x4853

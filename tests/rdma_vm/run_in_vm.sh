@@ -10,8 +10,10 @@
 # boot or to set up RDMA (the guest console is then printed on stderr).
 #
 # CMD's environment: PATH, HOME, LANG, CI, every MORI_* variable of the
-# caller, the --env ones, and MORI_RDMA_DEVICE=rxe0, MORI_RDMA_GID_INDEX=1,
-# MORI_RDMA_NETDEV=dummy0, MORI_RDMA_IP=<dummy0's IPv4>, MORI_IN_VM=1.
+# caller, the --env ones, and MORI_RDMA_DEVICE=rxe0, MORI_VM_GID_INDEX=1 (for
+# perftest's -x), MORI_RDMA_NETDEV=dummy0, MORI_RDMA_IP=<dummy0's IPv4>,
+# MORI_IN_VM=1. MORI_RDMA_GID_INDEX is not set (unless the caller or --env
+# sets it): the backend then picks the GID itself, as it must in production.
 #
 # Knobs: MORI_VM_TIMEOUT (default 300 s, same as --timeout), MORI_VM_MEM (2G),
 # MORI_VM_MACHINE (auto|microvm|pc), MORI_VM_DEBUG=1 (kernel log + init stage
@@ -120,7 +122,8 @@ trap 'exit 143' TERM
     for kv in "${extra_env[@]+"${extra_env[@]}"}"; do
         printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"
     done
-    printf 'export MORI_RDMA_DEVICE=rxe0 MORI_RDMA_GID_INDEX=%s MORI_RDMA_NETDEV=dummy0 MORI_RDMA_IP=%s MORI_IN_VM=1\n' \
+    # No MORI_RDMA_GID_INDEX: the tests exercise the automatic GID choice.
+    printf 'export MORI_RDMA_DEVICE=rxe0 MORI_VM_GID_INDEX=%s MORI_RDMA_NETDEV=dummy0 MORI_RDMA_IP=%s MORI_IN_VM=1\n' \
         "$VM_GID_INDEX" "$VM_IP"
     printf 'cd %q || exit 125\n' "$share"
     printf 'exec'

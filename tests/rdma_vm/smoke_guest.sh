@@ -6,7 +6,7 @@ set -euo pipefail
 
 probe=${1:?usage: smoke_guest.sh PATH/TO/verbs_probe}
 dev=$MORI_RDMA_DEVICE
-gidx=$MORI_RDMA_GID_INDEX
+gidx=${MORI_RDMA_GID_INDEX:-$MORI_VM_GID_INDEX}
 ip=$MORI_RDMA_IP
 fail=0
 

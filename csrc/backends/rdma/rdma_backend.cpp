@@ -14,6 +14,10 @@ RdmaShared::RdmaShared(const RdmaConfig& c, const BackendContext& x, std::vector
     workers.push_back(std::make_unique<CompletionWorker>(cfg.poll_cq_mode, rails));
   }
   for (auto& d : rails) max_msg_bytes = std::min(max_msg_bytes, d->max_msg_bytes);
+  if (cfg.num_nics_per_transfer > static_cast<int64_t>(rails.size())) {
+    MORI_LOG(Warning, "RDMA: num_nics_per_transfer=" << cfg.num_nics_per_transfer << " but only " << rails.size()
+                                                     << " usable device(s): connections use " << rails.size());
+  }
 }
 
 namespace {

@@ -49,6 +49,10 @@ class RdmaPeer : public BackendPeer {
   bool Alive() const override { return !closed_.load(); }
   // Ends everything in flight with `reason`; later submits fail at once.
   void Close(const std::string& reason);
+  // Of the live connection (0 when there is none): how many rails (NICs) its
+  // QPs are spread over, and their send-queue depth. For tests and tools.
+  size_t ConnectedRails();
+  uint32_t ConnectedSqDepth();
 
  private:
   struct RemoteKeys {
@@ -65,6 +69,7 @@ class RdmaPeer : public BackendPeer {
     std::mutex sock_mu;
     std::vector<std::unique_ptr<SendQp>> qps;
     std::vector<uint8_t> remote_rail;  // of each QP's partner
+    size_t rails = 0;                  // QP i is on rail i % rails
     std::atomic<bool> broken{false};
     int stop_fd = -1;
     std::thread watcher;

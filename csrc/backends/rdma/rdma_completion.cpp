@@ -1,6 +1,7 @@
 #include "backends/rdma/rdma_completion.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -45,6 +46,8 @@ CompletionWorker::CompletionWorker(PollCqMode mode, const std::vector<std::share
   } else {
     thread_ = std::thread([this] { PollLoop(); });
   }
+  // Named, so tools (and the tests) can tell it apart: /proc/PID/task/*/comm.
+  pthread_setname_np(thread_.native_handle(), kCompletionThreadName);
 }
 
 CompletionWorker::~CompletionWorker() {

@@ -28,6 +28,9 @@ class CqOwner {
 // Polls `cq` empty, handing each completion to `owner`; returns how many.
 int DrainCq(ibv_cq* cq, CqOwner* owner);
 
+// The name (comm) of every completion thread.
+constexpr const char* kCompletionThreadName = "mori-rdma-cq";
+
 class CompletionWorker {
  public:
   CompletionWorker(PollCqMode mode, const std::vector<std::shared_ptr<RdmaDevice>>& rails);

@@ -88,8 +88,22 @@ std::string GidText(const ibv_gid& gid) {
 
 std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, int64_t gid_index) {
   const std::string none = "no active RDMA device/port found";
+  std::string gid_from = "gid_index";  // where an explicit index came from, for messages
   if (gid_index < 0) {
-    if (const char* v = EnvAny("MORI_TORCH_RDMA_GID_INDEX", "MORI_RDMA_GID_INDEX")) gid_index = std::atoi(v);
+    for (const char* env : {"MORI_TORCH_RDMA_GID_INDEX", "MORI_RDMA_GID_INDEX"}) {
+      const char* v = std::getenv(env);
+      if (!v || !*v) continue;
+      char* end = nullptr;
+      errno = 0;
+      const long x = std::strtol(v, &end, 10);
+      if (errno || *end || x < 0 || x > 65535) {
+        throw Error(StatusCode::ERR_INVALID_ARGS,
+                    std::string(env) + "='" + v + "' is not a GID index (0..65535)");
+      }
+      gid_index = x;
+      gid_from = env;
+      break;
+    }
   }
   std::vector<std::string> wanted;
   if (const char* v = EnvAny("MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICE")) wanted = SplitNames(v);
@@ -104,11 +118,12 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
                                                (e ? std::string(" (") + std::strerror(e) + ")" : std::string()));
   }
   std::vector<std::shared_ptr<RdmaDevice>> out;
-  std::string skipped;
+  std::string skipped;   // devices that were wanted but are unusable
+  std::string filtered;  // devices left out by the name filter
   for (int i = 0; i < n; ++i) {
     const std::string name = api->get_device_name(list[i]);
     if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) {
-      skipped += " " + name + " (not in MORI_TORCH_RDMA_DEVICES/MORI_RDMA_DEVICE)";
+      filtered += " " + name + " (not in MORI_TORCH_RDMA_DEVICES/MORI_RDMA_DEVICE)";
       continue;
     }
     auto d = std::make_shared<RdmaDevice>();
@@ -136,9 +151,18 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
       int gi = static_cast<int>(gid_index);
       if (gi < 0) gi = d->roce ? PickRoceGid(api, *d, pa.gid_tbl_len) : 0;
       if (gi < 0 || gi >= pa.gid_tbl_len || api->query_gid(d->ctx, p, gi, &d->gid) != 0 || ZeroGid(d->gid)) {
-        skipped += " " + name + " port " + std::to_string(p) + " (no usable GID" +
-                   (gi >= 0 ? " at index " + std::to_string(gi) : std::string(": no IPv4-mapped RoCE v2 GID")) +
-                   "; set gid_index or MORI_RDMA_GID_INDEX)";
+        if (gid_index >= 0) {
+          skipped += " " + name + " port " + std::to_string(p) + " (no usable GID at index " +
+                     std::to_string(gi) + ", set by " + gid_from + ": " +
+                     (gi >= pa.gid_tbl_len ? "beyond the port's GID table of " + std::to_string(pa.gid_tbl_len) +
+                                                 " entries"
+                                           : std::string("that entry is empty or unreadable")) +
+                     ")";
+        } else {
+          skipped += " " + name + " port " + std::to_string(p) + " (no usable GID" +
+                     (gi >= 0 ? " at index " + std::to_string(gi) : std::string(": no IPv4-mapped RoCE v2 GID")) +
+                     "; set gid_index or MORI_RDMA_GID_INDEX)";
+        }
         continue;
       }
       d->gid_index = gi;
@@ -161,8 +185,17 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
                                   << (128 << static_cast<int>(d->active_mtu)));
     out.push_back(std::move(d));
   }
+  for (const std::string& w : wanted) {
+    bool listed = false;
+    for (int i = 0; i < n && !listed; ++i) listed = w == api->get_device_name(list[i]);
+    if (!listed) skipped += " " + w + " (no such device)";
+  }
   api->free_device_list(list);
-  if (out.empty()) throw Error(StatusCode::ERR_BAD_STATE, none + ":" + skipped);
+  if (out.empty()) throw Error(StatusCode::ERR_BAD_STATE, none + ":" + skipped + filtered);
+  // A device that was asked for (or, unfiltered, exists) but cannot be used
+  // is not silently dropped: fewer rails than expected is worth a warning.
+  if (!skipped.empty()) MORI_LOG(Warning, "RDMA: " << out.size() << " device(s) usable; left out:" << skipped);
+  if (!filtered.empty()) MORI_LOG(Debug, "RDMA: left out:" << filtered);
   // Same order on every engine of a host, whatever order the kernel lists
   // them in: rail i of one engine pairs with rail i of the other.
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->name < b->name; });

@@ -103,7 +103,11 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
                                  static_cast<uint8_t>(BackendType::RDMA), static_cast<int>(cfg.connect_timeout_ms));
   const size_t rails = std::min<size_t>(shared_->rails.size(), static_cast<size_t>(cfg.num_nics_per_transfer));
   const size_t nqp = static_cast<size_t>(cfg.qp_per_transfer) * rails;
-  const auto depth = static_cast<uint32_t>(std::min<int64_t>(cfg.sq_depth, shared_->rails[0]->max_qp_wr));
+  // One depth for every QP: the smallest limit of the rails in use.
+  int64_t depth_limit = cfg.sq_depth;
+  for (size_t i = 0; i < rails; ++i) depth_limit = std::min<int64_t>(depth_limit, shared_->rails[i]->max_qp_wr);
+  const auto depth = static_cast<uint32_t>(std::max<int64_t>(2, depth_limit));
+  c->rails = rails;
   ByteWriter w;
   w.Put<uint8_t>(static_cast<uint8_t>(RdmaOp::Connect));
   w.Put<uint8_t>(cfg.enable_notification ? 1 : 0);
@@ -138,8 +142,19 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
     }
     if (!(fds[1].revents & POLLIN)) raw->Break("engine '" + key + "' closed the RDMA connection (process gone?)");
   });
-  MORI_LOG(Debug, "RDMA: connected to engine '" << remote_.key << "' with " << nqp << " QPs");
+  MORI_LOG(Debug, "RDMA: connected to engine '" << remote_.key << "' with " << nqp << " QPs on " << rails
+                                                 << " rail(s), send queue depth " << depth);
   return c;
+}
+
+size_t RdmaPeer::ConnectedRails() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return conn_ && !conn_->broken.load() ? conn_->rails : 0;
+}
+
+uint32_t RdmaPeer::ConnectedSqDepth() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return conn_ && !conn_->broken.load() && !conn_->qps.empty() ? conn_->qps[0]->depth() : 0;
 }
 
 RdmaPeer::RemoteKeys RdmaPeer::KeysOf(Conn& c, const MemoryDesc& remote) {
@@ -225,9 +240,12 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     SendQp* qp;
     uint32_t lkey;
     uint32_t rkey;
+    size_t qp_index;
     std::vector<Piece> pieces;
     size_t per_chain;
     size_t next = 0;
+    // With notices: the pieces of the last chain, which carries the notice.
+    size_t tail = 0;
   };
   std::vector<Plan> plans;
   uint32_t chains = 0;
@@ -235,6 +253,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     const size_t q = (first_qp + s) % nqp;
     Plan p;
     p.qp = c.qps[q].get();
+    p.qp_index = q;
     p.lkey = shared_->mrs.Get(p.qp->rail(), local)->lkey;
     p.rkey = keys.rkeys[c.remote_rail[q]];
     AppendPieces(stripes[s], max_piece, &p.pieces);
@@ -243,7 +262,9 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     const size_t cap = p.qp->depth() - 1;
     p.per_chain = cfg.post_batch_size > 0 ? static_cast<size_t>(cfg.post_batch_size) : p.pieces.size();
     p.per_chain = std::max<size_t>(1, std::min(p.per_chain, cap));
-    chains += static_cast<uint32_t>((p.pieces.size() + p.per_chain - 1) / p.per_chain);
+    const size_t n_chains = (p.pieces.size() + p.per_chain - 1) / p.per_chain;
+    chains += static_cast<uint32_t>(n_chains);
+    p.tail = p.pieces.size() - p.per_chain * (n_chains - 1);
     plans.push_back(std::move(p));
   }
   xfer->tracker = std::make_shared<TransferTracker>(op.status, chains);
@@ -255,61 +276,110 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   std::vector<ibv_send_wr> wrs;
   std::vector<ibv_sge> sges;
   std::string failure;  // set once: every chain not yet posted fails with it
-  // Chains go round-robin over the QPs, so all of them work at once.
+  // Builds the chain of p's next `n` pieces (plus the notice if `notice`) in
+  // its `slots` reserved slots and posts it; false (slots given back, part
+  // failed, `failure` set) if the QP refused it.
+  auto post_chain = [&](Plan& p, size_t n, bool notice, uint32_t slots) {
+    auto* chain = new Chain;
+    chain->xfer = xfer;
+    chain->slots = slots;
+    const size_t count = n + (notice ? 1 : 0);
+    wrs.assign(count, ibv_send_wr{});
+    sges.resize(count);
+    for (size_t i = 0; i < n; ++i) {
+      const Piece& pc = p.pieces[p.next + i];
+      sges[i] = {local_base + pc.local_off, pc.size, p.lkey};
+      ibv_send_wr& wr = wrs[i];
+      wr.sg_list = &sges[i];
+      wr.num_sge = 1;
+      wr.opcode = op.is_read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+      wr.wr.rdma.remote_addr = remote_base + pc.remote_off;
+      wr.wr.rdma.rkey = p.rkey;
+      wr.next = i + 1 < count ? &wrs[i + 1] : nullptr;
+    }
+    if (notice) {
+      // Behind the data on the same QP; after reads, fenced so it waits
+      // until they are done.
+      sges[n] = p.qp->Notice(op.uid, parts_total);
+      ibv_send_wr& wr = wrs[n];
+      wr.sg_list = &sges[n];
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      wr.send_flags = op.is_read ? IBV_SEND_FENCE : 0;
+    }
+    p.next += n;
+    std::string why;
+    if (p.qp->Post(wrs.data(), chain, &why)) return true;
+    p.qp->Unreserve(slots);
+    delete chain;
+    if (failure.empty()) failure = why;
+    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why);
+    return false;
+  };
+
+  // Phase 1: every chain without a notice, round-robin over the QPs so all
+  // of them work at once. Each wait for send-queue room is bounded on its
+  // own: a long transfer that keeps moving never times out, a stuck queue
+  // does.
+  for (Plan& p : plans) p.tail = notify ? p.tail : 0;
   for (bool more = true; more;) {
     more = false;
     for (Plan& p : plans) {
-      if (p.next >= p.pieces.size()) continue;
-      const size_t n = std::min(p.per_chain, p.pieces.size() - p.next);
-      const bool last = p.next + n == p.pieces.size();
-      const size_t with_notice = n + (last && notify ? 1 : 0);
-      auto* chain = new Chain;
-      chain->xfer = xfer;
-      chain->slots = static_cast<uint32_t>(with_notice);
+      const size_t stop = p.pieces.size() - p.tail;
+      if (p.next >= stop) continue;
+      const size_t n = std::min(p.per_chain, stop - p.next);
       std::string why;
-      // Each wait for send-queue room is bounded on its own: a long transfer
-      // that keeps moving never times out, a stuck queue does.
-      if (failure.empty() && !p.qp->Reserve(chain->slots, DeadlineAfterMs(cfg.sq_full_timeout_ms), &why)) {
+      if (failure.empty() && !p.qp->Reserve(static_cast<uint32_t>(n), DeadlineAfterMs(cfg.sq_full_timeout_ms), &why)) {
         failure = why;
       }
-      if (!failure.empty()) {
+      if (failure.empty()) {
+        post_chain(p, n, false, static_cast<uint32_t>(n));
+      } else {
         p.next += n;
-        more = more || p.next < p.pieces.size();
-        delete chain;
         xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
-        continue;
       }
-      wrs.assign(with_notice, ibv_send_wr{});
-      sges.resize(with_notice);
-      for (size_t i = 0; i < n; ++i) {
-        const Piece& pc = p.pieces[p.next + i];
-        sges[i] = {local_base + pc.local_off, pc.size, p.lkey};
-        ibv_send_wr& wr = wrs[i];
-        wr.sg_list = &sges[i];
-        wr.num_sge = 1;
-        wr.opcode = op.is_read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-        wr.wr.rdma.remote_addr = remote_base + pc.remote_off;
-        wr.wr.rdma.rkey = p.rkey;
-        wr.next = i + 1 < with_notice ? &wrs[i + 1] : nullptr;
-      }
-      if (with_notice > n) {
-        // Behind the data on the same QP; after reads, fenced so it waits
-        // until they are done.
-        sges[n] = p.qp->Notice(op.uid, parts_total);
-        ibv_send_wr& wr = wrs[n];
-        wr.sg_list = &sges[n];
-        wr.num_sge = 1;
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = op.is_read ? IBV_SEND_FENCE : 0;
-      }
-      p.next += n;
-      more = more || p.next < p.pieces.size();
-      if (!p.qp->Post(wrs.data(), chain, &why)) {
-        p.qp->Unreserve(chain->slots);
-        delete chain;
+      more = more || p.next < stop;
+    }
+  }
+  if (!notify) return;
+
+  // Phase 2: the chains that end with a notice, one per QP used. They are
+  // posted only once every one of them has send-queue room, so a transfer
+  // that fails for want of room has announced none of its parts (the target
+  // never holds a partial notice of it). Room is taken in QP order: two
+  // transfers never wait for each other's reservations in a circle.
+  std::vector<size_t> order(plans.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return plans[a].qp_index < plans[b].qp_index; });
+  size_t reserved = 0;
+  if (failure.empty()) {
+    const Deadline deadline = DeadlineAfterMs(cfg.sq_full_timeout_ms);
+    for (; reserved < order.size(); ++reserved) {
+      Plan& p = plans[order[reserved]];
+      std::string why;
+      if (!p.qp->Reserve(static_cast<uint32_t>(p.tail + 1), deadline, &why)) {
         failure = why;
-        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
+        break;
       }
+    }
+  }
+  size_t posted = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    Plan& p = plans[order[k]];
+    const auto slots = static_cast<uint32_t>(p.tail + 1);
+    if (!failure.empty()) {
+      if (k < reserved) p.qp->Unreserve(slots);
+      p.next += p.tail;
+      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
+      continue;
+    }
+    if (post_chain(p, p.tail, true, slots)) {
+      ++posted;
+    } else if (posted > 0) {
+      // Some of its notices are out and the rest never will be: the target
+      // drops a connection's partial notices when it closes, so close it
+      // (a QP that refuses a post is about to fail the connection anyway).
+      c.Break(failure);
     }
   }
 }

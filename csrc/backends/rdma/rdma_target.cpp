@@ -40,13 +40,14 @@ class TargetConnection {
     qps_.clear();  // a repeated Connect replaces the QPs
     const auto& rails = shared_->rails;
     NotificationTable* table = shared_->cfg.enable_notification ? shared_->ctx.notices : nullptr;
+    auto notices = std::make_shared<NoticeCollector>(table, peer_.key, n);
     ByteWriter w;
     w.Put<uint32_t>(n);
     for (uint32_t i = 0; i < n; ++i) {
       const size_t rail = i % rails.size();
       const uint32_t depth =
           notify ? std::min<uint32_t>(buffers, static_cast<uint32_t>(std::max(1, rails[rail]->max_qp_wr - 1))) : 0;
-      auto qp = std::make_unique<RecvQp>(rails[rail], rail, shared_->NextWorker(), depth, peer_.key, table);
+      auto qp = std::make_unique<RecvQp>(rails[rail], rail, shared_->NextWorker(), depth, peer_.key, notices);
       qp->Connect(theirs[i]);
       qp->Info().Put(&w);
       qps_.push_back(std::move(qp));
