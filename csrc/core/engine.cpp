@@ -279,10 +279,18 @@ void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>&
       client.Call(FrameType::MemRevoke, w.bytes());
       client.Close();
     } catch (const Error& e) {
-      // Unreachable: the process is gone (and its mappings with it) or hung.
-      MORI_LOG(Warning, "engine '" << desc_.key << "': could not revoke " << n.ids.size()
-                                   << " deregistered memory region(s) from engine '" << n.to.key
-                                   << "': " << e.what());
+      // Refused: the watcher's engine is gone, and its mappings with it (an
+      // engine closes them when it shuts down). Anything else (a hung peer)
+      // deserves a warning: it may still hold a mapping.
+      const bool gone = std::string(e.what()).find("Connection refused") != std::string::npos;
+      if (gone) {
+        MORI_LOG(Info, "engine '" << desc_.key << "': engine '" << n.to.key << "' that mapped " << n.ids.size()
+                                  << " deregistered memory region(s) is gone: " << e.what());
+      } else {
+        MORI_LOG(Warning, "engine '" << desc_.key << "': could not revoke " << n.ids.size()
+                                     << " deregistered memory region(s) from engine '" << n.to.key
+                                     << "': " << e.what());
+      }
     }
   };
   // In parallel, so a hung watcher costs one timeout, not one per watcher.

@@ -259,6 +259,11 @@ void* PinnedAlloc(size_t bytes, int numa_node) {
   }
   gpuError_t e = gpuHostRegister(p, bytes, gpuHostRegisterPortable | gpuHostRegisterMapped);
   if (e != gpuSuccess) {
+    // A call that fails because it broke a capture elsewhere may still have
+    // registered the range: unregister before unmapping, or a later mmap at
+    // the same address fails with "already registered".
+    (void)gpuHostUnregister(p);
+    (void)gpuGetLastError();
     munmap(p, bytes);  // nothing pinned stays behind
     Check(e, "HostRegister");
   }

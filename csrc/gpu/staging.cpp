@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/types.h"
+#include "gpu/stream_ops.h"
 
 namespace mori_torch {
 namespace gpu {
@@ -25,6 +26,9 @@ StagingSet::StagingSet(uint64_t chunk_bytes, int depth, int numa_node) : chunk_b
                                                   std::to_string(chunk_bytes) + " and " + std::to_string(depth));
   }
   const int fail_at = InjectedFailureAt();
+  // Built on a connection's thread at its first GPU transfer, maybe while
+  // another thread captures a CUDA graph: host registration must not break it.
+  RelaxedCaptureScope relaxed;
   chunks_.reserve(static_cast<size_t>(depth));
   lists_bytes_ = static_cast<size_t>(depth) * kListEntries * sizeof(CopySegment);
   try {
