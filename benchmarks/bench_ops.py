@@ -7,12 +7,20 @@
    which returns a status), for XGMI (GPU pages, GPU block table) and for TCP
    with the CPU path (host pages, synchronous: call to completion, against
    session read + Wait).
-2. Graph-replay cost: a CUDA graph of NODES transfer nodes (read_pages of
+2. Eager stream-ordered TCP (case eager_stream_host_us / eager_stream_roundtrip_us):
+   the op with a GPU block table on a GPU stream (doorbell) against the direct
+   engine call; enqueue only (the op returns once the doorbell is on the
+   stream; the direct call once the transfer is posted, its status awaited
+   outside the timing), and the round trip (op + stream synchronize against
+   direct call + Wait).
+3. Graph-replay cost: a CUDA graph of NODES transfer nodes (read_pages of
    PAGES_PER_NODE pages from a device block table) against a graph of NODES
    raw copies of the same bytes (one copy_ of a contiguous range each, and a
    gather/scatter kernel pair index_select + index_copy_); GPU time per node
    from CUDA events around the replay. TCP doorbell nodes are measured the
-   same way (host round trip plus the TCP transfer).
+   same way (host round trip plus the TCP transfer), and a doorbell-only row
+   (backend tcp-doorbell: one 8-byte read, the smallest transfer) separates
+   the doorbell round trip from the loopback transfer of the pages.
 """
 import argparse
 import json
@@ -31,12 +39,14 @@ PAGES = 1024
 NODES = 100
 
 
-def host_us(fn, iters, sync_every=64):
-    """Median host microseconds per call, syncing between bursts so the
-    launch queue never fills."""
+def host_us(fn, iters, sync_every=64, drain=None):
+    """Median host microseconds per call, syncing between bursts (and calling
+    drain(), outside the timing) so the launch queue never fills."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
+    if drain:
+        drain()
     samples = []
     done = 0
     while done < iters:
@@ -46,6 +56,8 @@ def host_us(fn, iters, sync_every=64):
             fn()
         samples.append((time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
+        if drain:
+            drain()
         done += n
     return statistics.median(samples)
 
@@ -138,6 +150,16 @@ def main():
     sess = a.create_session(a.register_torch_tensor(local),
                             MemoryDesc.unpack(b.register_torch_tensor(remote).pack()))
     h = ops.session_handle(sess)
+    # Doorbell only: one 8-byte read per node, so the loopback transfer is
+    # as small as it gets and the node's cost is mostly the doorbell round
+    # trip (stream write -> progress thread -> completion flag -> stream).
+    tiny_src = torch.zeros(8, dtype=torch.uint8, device="cuda")
+    t_bell = graph_us_per_node(lambda: torch.ops.mori.read(h, local, 0, 0, 8), max(5, args.replays // 5))
+    t_tiny = graph_us_per_node(lambda: local[:8].copy_(tiny_src, non_blocking=True), args.replays)
+    record(case="graph_node_us", backend="tcp-doorbell", pages=0, page_bytes=PAGE, bytes=8, op_us=t_bell,
+           raw_copy_us=t_tiny, extra_us=t_bell - t_tiny,
+           baseline="copy_ of 8 bytes GPU -> pinned host (memcpy node); the op adds the doorbell round trip and "
+                    "an 8-byte TCP read over loopback")
     for pages in (1, 32):
         lp_cpu = torch.arange(pages)
         rp_cpu = torch.randperm(PAGES)[:pages]
@@ -153,6 +175,32 @@ def main():
                direct_engine_us=direct_us, extra_us=op_us - direct_us,
                baseline="session.batch_read + Wait (CPU path of the op is synchronous)")
         lp, rp = lp_cpu.cuda(), rp_cpu.cuda()
+        # Stream-ordered eager path: GPU block table, doorbell on the stream.
+        pending = []
+
+        def direct_posted():
+            pending.append(sess._s.batch_read(lo, ro, sizes, 0))
+
+        def drain():
+            for st in pending:
+                st.Wait()
+            pending.clear()
+
+        def op_roundtrip():
+            torch.ops.mori.read_pages(h, local, lp, rp, PAGE)
+            torch.cuda.current_stream().synchronize()
+
+        op_us = host_us(lambda: torch.ops.mori.read_pages(h, local, lp, rp, PAGE), args.iters // 4)
+        direct_us = host_us(direct_posted, args.iters // 4, drain=drain)
+        record(case="eager_stream_host_us", backend="tcp", pages=pages, page_bytes=PAGE, op_us=op_us,
+               direct_engine_us=direct_us, extra_us=op_us - direct_us,
+               baseline="session.batch_read (host lists, returns a status; awaited outside the timing); the op "
+                        "enqueues the block-table copies and the doorbell on the current stream")
+        op_us = host_us(op_roundtrip, args.iters // 4)
+        direct_us = host_us(direct, args.iters // 4)
+        record(case="eager_stream_roundtrip_us", backend="tcp", pages=pages, page_bytes=PAGE, op_us=op_us,
+               direct_engine_us=direct_us, extra_us=op_us - direct_us,
+               baseline="session.batch_read + Wait; the op: enqueue + stream synchronize (doorbell round trip)")
         n = pages * PAGE
         gpu_src = torch.zeros(n, dtype=torch.uint8, device="cuda")
         t_op = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, lp, rp, PAGE), max(5, args.replays // 5))
@@ -167,10 +215,12 @@ def main():
     b.shutdown()
 
     print()
-    print(f"{'case':15} {'backend':8} {'pages':>5} {'op us':>9} {'baseline us':>12} {'extra us':>9}")
+    print(f"{'case':26} {'backend':13} {'pages':>5} {'bytes':>7} {'op us':>9} {'baseline us':>12} {'extra us':>9}")
     for r in records:
         base = r.get("direct_engine_us", r.get("raw_copy_us"))
-        print(f"{r['case']:15} {r['backend']:8} {r['pages']:5d} {r['op_us']:9.2f} {base:12.2f} {r['extra_us']:9.2f}")
+        nbytes = r.get("bytes", r["pages"] * r["page_bytes"])
+        print(f"{r['case']:26} {r['backend']:13} {r['pages']:5d} {nbytes:7d} {r['op_us']:9.2f} {base:12.2f} "
+              f"{r['extra_us']:9.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -1,9 +1,13 @@
 """Paged KV cache pulled inside a compiled, CUDA-graph-captured model step.
 
-Two processes. The prefill process owns a paged KV cache on the GPU (page p
-holds a pattern derived from p) and publishes its descriptors. The decode
-process keeps its own paged cache; every iteration a block table (a GPU int64
-tensor) names which of the prefill's pages to pull into which local pages.
+Two processes. The prefill process owns a paged KV cache on a GPU (cuda:1
+when the machine has two GPUs, else cuda:0; page p holds a pattern derived
+from p) and publishes its descriptors. The decode process (cuda:0) keeps its
+own paged cache; every iteration a block table (a GPU int64 tensor) names
+which of the prefill's pages to pull into which local pages. The pages move
+by GPU peer copies (--backend xgmi: a copy kernel on the stream) or over TCP
+(--backend tcp: a doorbell on the stream, GPU pages staged through pinned
+host buffers).
 The model-like step, compiled with torch.compile(mode="reduce-overhead",
 fullgraph=True) so it runs as a CUDA graph, does
 
@@ -16,7 +20,7 @@ hold the prefill's bytes and that the output matches an eager reference on
 those bytes.
 
     python examples/paged_kv_cache.py [--iters 50] [--pages 512] [--page-kib 16]
-                                      [--backend xgmi]
+                                      [--pages-per-step 64] [--backend xgmi|tcp]
 """
 import argparse
 import multiprocessing as mp
@@ -25,24 +29,48 @@ import time
 import torch
 
 from mori_torch import ops
-from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
+from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
+                           XgmiBackendConfig)
 
 HEAD_DIM = 128  # bf16 elements per row; a page holds page_bytes / (2 * HEAD_DIM) rows
 
 
 def page_pattern(num_pages, page_bytes, device):
-    """Page p of the prefill cache: bf16 values depending on p and position."""
+    """Page p of the prefill cache: bf16 values depending on p and position,
+    computed on the CPU so that both processes get the same bits whatever
+    their GPU."""
     rows = page_bytes // (2 * HEAD_DIM)
-    p = torch.arange(num_pages, device=device, dtype=torch.float32)[:, None, None]
-    r = torch.arange(rows, device=device, dtype=torch.float32)[None, :, None]
-    c = torch.arange(HEAD_DIM, device=device, dtype=torch.float32)[None, None, :]
-    return (torch.sin(p * 0.37 + r * 0.11 + c * 0.013)).to(torch.bfloat16)
+    p = torch.arange(num_pages, dtype=torch.float32)[:, None, None]
+    r = torch.arange(rows, dtype=torch.float32)[None, :, None]
+    c = torch.arange(HEAD_DIM, dtype=torch.float32)[None, None, :]
+    return (torch.sin(p * 0.37 + r * 0.11 + c * 0.013)).to(torch.bfloat16).to(device)
 
 
-def prefill(conn, num_pages, page_bytes):
-    torch.cuda.set_device(0)
-    engine = IOEngine("kv-prefill", IOEngineConfig("127.0.0.1", 0))
-    engine.create_backend(BackendType.XGMI, XgmiBackendConfig())
+def attend(pages, query):
+    """The "attention" of the step: scores of `query` against every row of the
+    pulled pages, softmax, weighted sum."""
+    keys = pages.reshape(-1, HEAD_DIM).float()
+    weights = torch.softmax((keys @ query[:, None])[:, 0], dim=0)
+    return (weights[:, None] * keys).sum(dim=0)
+
+
+def make_engine(key, backend):
+    engine = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+    if backend == "xgmi":
+        engine.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    else:
+        engine.create_backend(BackendType.TCP, TcpBackendConfig())
+    return engine
+
+
+def prefill_device():
+    """The peer's GPU: a second GPU when there is one (transfers cross GPUs)."""
+    return 1 if torch.cuda.device_count() > 1 else 0
+
+
+def prefill(conn, num_pages, page_bytes, backend):
+    torch.cuda.set_device(prefill_device())
+    engine = make_engine("kv-prefill", backend)
     cache = page_pattern(num_pages, page_bytes, "cuda").view(torch.uint8).reshape(-1).contiguous()
     desc = engine.register_torch_tensor(cache)
     torch.cuda.synchronize()
@@ -52,29 +80,34 @@ def prefill(conn, num_pages, page_bytes):
     conn.send("bye")
 
 
-def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, iters):
+def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, iters, backend):
     torch.cuda.set_device(0)
-    engine = IOEngine("kv-decode", IOEngineConfig("127.0.0.1", 0))
-    engine.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    engine = make_engine("kv-decode", backend)
     engine.register_remote_engine(EngineDesc.unpack(remote_engine))
     rows = page_bytes // (2 * HEAD_DIM)
     kv = torch.zeros(num_pages * page_bytes, dtype=torch.uint8, device="cuda")
     sess = engine.create_session(engine.register_torch_tensor(kv), MemoryDesc.unpack(remote_mem))
+    if sess is None:
+        raise SystemExit(f"no {backend} session between cuda:0 and the prefill's cuda:{prefill_device()}")
     h = ops.session_handle(sess)
     torch._dynamo.mark_static_address(kv)
 
     def step(kv, local_blocks, remote_blocks, query):
         ops.read_pages(h, kv, local_blocks, remote_blocks, page_bytes)
         pages = kv.view(torch.bfloat16).view(num_pages, rows, HEAD_DIM)[local_blocks]
-        keys = pages.reshape(-1, HEAD_DIM).float()
-        weights = torch.softmax(keys @ query, dim=0)
-        return (weights[:, None] * keys).sum(dim=0)
+        return attend(pages, query)
 
     import torch._inductor.config as inductor_config
 
     inductor_config.triton.cudagraph_or_error = True  # a silently skipped CUDA graph is an error
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
     expected_pages = page_pattern(num_pages, page_bytes, "cuda")
+    # Load the compute's kernels (cuBLAS, ...) before the first transfer. With
+    # CUDA's lazy module loading, a kernel's first launch waits for the device;
+    # behind a pending TCP doorbell the device waits for the transfer, whose
+    # GPU staging copies need CUDA calls that such a launch can hold up.
+    attend(expected_pages[:pages_per_step], torch.ones(HEAD_DIM, device="cuda"))
+    torch.cuda.synchronize()
     gen = torch.Generator().manual_seed(0)
     t_total = 0.0
     for it in range(iters):
@@ -90,8 +123,7 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
         want = expected_pages[remote_blocks]
         if not torch.equal(got, want):
             raise SystemExit(f"iteration {it}: pulled pages differ from the prefill's")
-        keys = want.reshape(-1, HEAD_DIM).float()
-        ref = (torch.softmax(keys @ query, dim=0)[:, None] * keys).sum(dim=0)
+        ref = attend(want, query)
         if not torch.allclose(out, ref, rtol=1e-4, atol=1e-4):
             raise SystemExit(f"iteration {it}: output differs from the eager reference")
     ops.check_errors(h)
@@ -99,7 +131,8 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
     engine.shutdown()
     steps = max(1, iters - 3)
     moved = pages_per_step * page_bytes
-    print(f"{iters} steps verified: {pages_per_step} pages of {page_bytes} B pulled per step inside a CUDA graph; "
+    print(f"{iters} steps verified ({backend}, cuda:{prefill_device()} -> cuda:0): {pages_per_step} pages of "
+          f"{page_bytes} B pulled per step inside a CUDA graph; "
           f"{t_total / steps * 1e6:.1f} us per step ({moved / (t_total / steps) / 1e9:.2f} GB/s incl. compute)")
     print("paged KV cache example: all pages and outputs verified")
 
@@ -110,17 +143,18 @@ def main():
     ap.add_argument("--pages", type=int, default=512)
     ap.add_argument("--page-kib", type=int, default=16)
     ap.add_argument("--pages-per-step", type=int, default=64)
-    ap.add_argument("--backend", choices=["xgmi"], default="xgmi",
-                    help="GPU peer transfers (TCP with GPU pages needs GPU memory over TCP)")
+    ap.add_argument("--backend", choices=["xgmi", "tcp"], default="xgmi",
+                    help="xgmi: GPU peer copies (a copy kernel on the stream); tcp: TCP with GPU pages "
+                         "(a doorbell on the stream, bytes staged through pinned host buffers)")
     args = ap.parse_args()
     page_bytes = args.page_kib << 10
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=prefill, args=(child, args.pages, page_bytes), daemon=True)
+    proc = ctx.Process(target=prefill, args=(child, args.pages, page_bytes, args.backend), daemon=True)
     proc.start()
     remote_engine, remote_mem = parent.recv()
     try:
-        decode(remote_engine, remote_mem, args.pages, page_bytes, args.pages_per_step, args.iters)
+        decode(remote_engine, remote_mem, args.pages, page_bytes, args.pages_per_step, args.iters, args.backend)
     finally:
         parent.send("done")
         parent.recv()

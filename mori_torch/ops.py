@@ -17,6 +17,9 @@ Errors found on the stream (a block-table entry out of range, a failed
 transfer) cannot raise at the call: out-of-range entries move no byte and the
 error waits in the session until :func:`check_errors` raises it.
 
+Under CUDA graph capture every block list must be a GPU tensor (a replay
+reads it); a CPU list raises ValueError naming the argument.
+
 Sessions enter the ops as int handles (:func:`session_handle`): a plain int is
 a constant to torch.compile and CUDA graphs.
 """
@@ -39,6 +42,7 @@ __all__ = [
     "write_pages",
     "check_errors",
     "stream_flag_mechanism",
+    "doorbell_slots",
 ]
 
 IntList = Union[torch.Tensor, Sequence[int]]
@@ -73,6 +77,19 @@ def stream_flag_mechanism() -> str:
     (driver stream memory operations), "spin" (kernels polling host memory;
     forced with MORI_TORCH_STREAM_FLAGS=spin) or "none" (no GPU support)."""
     return _ops.stream_flag_mechanism()
+
+
+def doorbell_slots() -> dict:
+    """Introspection of the doorbell that orders host-driven (TCP) ops on GPU
+    streams, for tests and leak checks: ``{"watched": n, "captured": m}``,
+    where ``watched`` counts the slots the progress thread watches now (eager
+    ops still on a stream and ops captured into CUDA graphs) and ``captured``
+    those captured into a graph that is still alive. A captured slot is freed
+    (it stops being watched and drops its session) once its graph and every
+    executable made from it are destroyed and their launches finished; on HIP
+    builds without graph user objects (HIP 5.2) it is watched, uncounted in
+    ``captured``, for the life of the process."""
+    return {"watched": _ops.doorbell_slots_watched(), "captured": _ops.doorbell_slots_captured()}
 
 
 def _as_list(values: IntList, like: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,12 @@ StatusCode ExpandSegments(const gpu::StreamCopyArgs& segs, std::vector<int64_t>*
   return StatusCode::SUCCESS;
 }
 
+void SlotLease::ReleaseCallback(void* context) {
+  auto* lease = static_cast<std::shared_ptr<SlotLease>*>(context);
+  (*lease)->Retire();
+  delete lease;  // host memory only: no CUDA call on the driver's thread
+}
+
 DoorbellSlot::DoorbellSlot(size_t entries) : entries_(entries) {
   bytes_ = RoundToPages(kWordBytes + 3 * entries * sizeof(int64_t));
   auto* base = static_cast<char*>(AllocHostWords(bytes_, &pinned_));
@@ -105,6 +111,7 @@ void DoorbellService::Reserve(size_t count, size_t entries) {
 void DoorbellService::Watch(std::shared_ptr<DoorbellSlot> slot) {
   slot->phase_ = DoorbellSlot::Phase::Waiting;
   watched_count_.fetch_add(1);
+  if (slot->lease) leased_count_.fetch_add(1);
   {
     std::lock_guard<std::mutex> lk(mu_);
     incoming_.push_back(std::move(slot));
@@ -113,6 +120,34 @@ void DoorbellService::Watch(std::shared_ptr<DoorbellSlot> slot) {
 }
 
 size_t DoorbellService::Watched() { return watched_count_.load(); }
+
+size_t DoorbellService::Leased() { return leased_count_.load(); }
+
+bool DoorbellService::Retired(DoorbellSlot& slot) {
+  // The graph's launches are over when its lease is released, so the slot
+  // is idle then; the checks only guard against a driver that released it
+  // early: a pending ring or a running transfer is finished first.
+  return slot.lease && slot.lease->retired() && slot.phase_ == DoorbellSlot::Phase::Waiting &&
+         LoadWord(slot.ring()) == 0;
+}
+
+void DoorbellService::Recycle(size_t i) {
+  std::shared_ptr<DoorbellSlot> slot = std::move(watched_[i]);
+  watched_[i] = std::move(watched_.back());
+  watched_.pop_back();
+  if (slot->lease) leased_count_.fetch_sub(1);
+  slot->session.reset();  // may end the session: this thread, not the driver's
+  slot->errors.reset();
+  slot->lease.reset();
+  slot->inflight_.reset();
+  slot->persistent = false;
+  StoreWord(slot->done(), 0);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    free_.push_back(std::move(slot));
+  }
+  watched_count_.fetch_sub(1);
+}
 
 void DoorbellService::Finish(DoorbellSlot& slot, StatusCode code, const std::string& message) {
   if (IsError(code) && slot.errors) slot.errors->Record(code, "stream-ordered transfer failed: " + message);
@@ -174,19 +209,20 @@ void DoorbellService::Loop() {
     bool progressed = false;
     for (size_t i = 0; i < watched_.size();) {
       DoorbellSlot& s = *watched_[i];
-      const bool drained_before = s.phase_ == DoorbellSlot::Phase::Draining;
-      if (Step(s)) {
-        progressed = true;
-        if (drained_before) {  // back to the pool
-          std::lock_guard<std::mutex> lk(mu_);
-          s.session.reset();
-          s.errors.reset();
-          free_.push_back(std::move(watched_[i]));
-          watched_[i] = std::move(watched_.back());
-          watched_.pop_back();
-          watched_count_.fetch_sub(1);
-          continue;
+      bool release = false;
+      if (Retired(s)) {
+        release = true;  // its graph is gone: no stream will ring it again
+      } else {
+        const bool drained_before = s.phase_ == DoorbellSlot::Phase::Draining;
+        if (Step(s)) {
+          progressed = true;
+          release = drained_before;  // the stream passed it: back to the pool
         }
+      }
+      if (release) {
+        progressed = true;
+        Recycle(i);
+        continue;
       }
       ++i;
     }

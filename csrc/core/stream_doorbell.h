@@ -6,9 +6,13 @@
 // session (reading the lists the stream just staged), and sets done when the
 // transfer ended; errors go to the session's StreamErrors. Because the stream
 // re-arms done itself, a slot captured into a CUDA graph works on every
-// replay: such "persistent" slots are watched for the life of the process
-// (a graph may replay at any time). Other slots return to a pool once the
-// stream has passed them.
+// replay: such "persistent" slots are watched as long as the graph may
+// replay. The op ties each to its graph with a SlotLease released by a graph
+// user object (gpu::ReleaseWithCapturedGraph); once the graph is destroyed
+// the progress thread stops watching the slot, drops its session and returns
+// it to the pool. Where that tie is unavailable (HIP without graph user
+// objects, such as HIP 5.2) a persistent slot is watched for the life of the
+// process. One-shot slots return to the pool once the stream has passed them.
 //
 // The progress thread makes no CUDA call of its own (flags are plain host
 // memory), so it can never wait on a module load or a blocked stream
@@ -27,6 +31,23 @@
 #include "core/stream_errors.h"
 
 namespace mori_torch {
+
+// Ties a persistent slot to the graph that captured it. Retire() says the
+// graph is gone (every executable destroyed, no launch pending); it takes no
+// lock and makes no CUDA call, so a graph user object's destructor, which
+// runs on a driver thread, may call it. The progress thread then stops
+// watching the slot, drops its session and returns it to the pool.
+class SlotLease {
+ public:
+  void Retire() { retired_.store(true, std::memory_order_release); }
+  bool retired() const { return retired_.load(std::memory_order_acquire); }
+  // A release callback for gpu::ReleaseWithCapturedGraph: `context` is a
+  // heap-allocated std::shared_ptr<SlotLease>, retired and deleted here.
+  static void ReleaseCallback(void* context);
+
+ private:
+  std::atomic<bool> retired_{false};
+};
 
 class DoorbellSlot {
  public:
@@ -49,6 +70,9 @@ class DoorbellSlot {
   gpu::StreamCopyArgs segs;
   std::shared_ptr<StreamErrors> errors;
   bool persistent = false;
+  // For a persistent slot captured into a graph: its tie to that graph
+  // (null: watched for good).
+  std::shared_ptr<SlotLease> lease;
 
  private:
   friend class DoorbellService;
@@ -78,6 +102,9 @@ class DoorbellService {
   void Watch(std::shared_ptr<DoorbellSlot> slot);
   // Slots watched now (persistent ones included), for tests.
   size_t Watched();
+  // Watched slots tied to a captured graph by a lease (freed when that graph
+  // is destroyed), for tests.
+  size_t Leased();
   void Stop();
 
  private:
@@ -87,6 +114,11 @@ class DoorbellService {
   bool Step(DoorbellSlot& slot);
   void Ring(DoorbellSlot& slot);
   void Finish(DoorbellSlot& slot, StatusCode code, const std::string& message);
+  // True when the graph that captured the slot is gone and the slot is idle
+  // (no transfer running, no ring pending): it may leave the watch list.
+  static bool Retired(DoorbellSlot& slot);
+  // Drops watched_[i] (the loop's thread): back to the pool, without session.
+  void Recycle(size_t i);
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -94,6 +126,7 @@ class DoorbellService {
   std::vector<std::shared_ptr<DoorbellSlot>> incoming_;
   std::vector<std::shared_ptr<DoorbellSlot>> free_;
   std::atomic<size_t> watched_count_{0};
+  std::atomic<size_t> leased_count_{0};
   std::vector<std::shared_ptr<DoorbellSlot>> watched_;  // the loop's own
   std::thread thread_;
 };

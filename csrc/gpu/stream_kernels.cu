@@ -35,15 +35,20 @@ __device__ void CopyChunk(unsigned char* dst, const unsigned char* src, int64_t 
   }
 }
 
+// The first refused segment is reported whole: a thread claims the record
+// by moving code from 0 to kStreamErrorWriting (atomicCAS; later refusals
+// find it taken and leave it alone), writes the fields, and only then
+// publishes the code the host looks for.
 __device__ void RecordOutOfRange(StreamError* err, int64_t i, const SegmentBytes& b) {
   if (!err) return;
+  if (atomicCAS(&err->code, 0u, kStreamErrorWriting) != 0u) return;
   volatile StreamError* e = err;
   e->index = i;
   e->local_offset = b.local_offset;
   e->remote_offset = b.remote_offset;
   e->size = b.size;
-  __threadfence_system();
-  e->code = kStreamErrorOutOfRange;
+  __threadfence_system();  // the fields before the code
+  atomicExch(&err->code, kStreamErrorOutOfRange);
   __threadfence_system();
 }
 
@@ -52,7 +57,9 @@ __global__ void StreamCopyKernel(StreamCopyArgs a, int64_t chunks) {
   const int64_t items = a.count * chunks;
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const int64_t i = w / chunks, chunk = w % chunks;
-    SegmentBytes b;
+    // Raw entries until SegmentAt scales them (it leaves them on failure).
+    SegmentBytes b{a.local_offsets ? a.local_offsets[i] : a.local_offset,
+                   a.remote_offsets ? a.remote_offsets[i] : a.remote_offset, 0};
     bool ok = SegmentAt(a, i, &b);
     ok = ok && InsideRange(b.local_offset, b.size, a.local_size) && InsideRange(b.remote_offset, b.size, a.remote_size);
     if (!ok) {

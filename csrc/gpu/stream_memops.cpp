@@ -3,7 +3,8 @@
 // from libcuda at run time (nothing links the driver at build time); HIP has
 // hipStreamWriteValue32 / hipStreamWaitValue32. Where those are missing or
 // refused, or MORI_TORCH_STREAM_FLAGS=spin, one-thread kernels do the same
-// job (stream_kernels.cu).
+// job (stream_kernels.cu). ReleaseWithCapturedGraph ties a callback to the
+// graph being captured with a graph user object.
 #include <cstdlib>
 #include <cstring>
 
@@ -137,6 +138,61 @@ bool StreamIsCapturing(Stream s) {
 }
 
 namespace {
+#if MORI_GPU_USER_OBJECTS
+// What a graph's user object points at. `armed` is cleared when the graph
+// could not take the reference, so the release that follows only frees this.
+struct GraphHook {
+  void (*release)(void*);
+  void* context;
+  std::atomic<bool> armed{true};
+};
+
+// The user object's destructor: a driver thread, no CUDA call allowed.
+void RunGraphHook(void* p) {
+  auto* hook = static_cast<GraphHook*>(p);
+  if (hook->armed.load(std::memory_order_acquire)) hook->release(hook->context);
+  delete hook;
+}
+#endif
+}  // namespace
+
+bool ReleaseWithCapturedGraph(Stream s, void (*release)(void*), void* context) {
+#if MORI_GPU_USER_OBJECTS
+  gpuStreamCaptureStatus status{};
+  gpuGraph_t graph = nullptr;
+  if (gpuStreamGetCaptureGraph(static_cast<gpuStream_t>(s), &status, &graph) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return false;
+  }
+  if (status != gpuStreamCaptureStatusActive || !graph) return false;
+  RelaxedCaptureScope relaxed;  // none of these is a stream call, but never risk the capture
+  auto* hook = new GraphHook{release, context};
+  gpuUserObject_t object;
+  if (gpuUserObjectCreate(&object, hook, RunGraphHook, 1, gpuUserObjectNoDestructorSync) != gpuSuccess) {
+    (void)gpuGetLastError();
+    delete hook;
+    return false;
+  }
+  // Moves this thread's reference to the graph: the graph alone owns it.
+  if (gpuGraphRetainUserObject(graph, object, 1, gpuGraphUserObjectMove) != gpuSuccess) {
+    (void)gpuGetLastError();
+    hook->armed.store(false, std::memory_order_release);
+    (void)gpuUserObjectRelease(object, 1);  // RunGraphHook, now or later, only deletes the hook
+    (void)gpuGetLastError();
+    return false;
+  }
+  return true;
+#else
+  // HIP 5.2 has no graph user objects: captured doorbell slots stay watched
+  // for the life of the process (the caller's fallback).
+  (void)s;
+  (void)release;
+  (void)context;
+  return false;
+#endif
+}
+
+namespace {
 int ExchangeCaptureMode(int mode) {
   auto m = static_cast<gpuStreamCaptureMode>(mode);
   if (gpuThreadExchangeStreamCaptureMode(&m) != gpuSuccess) (void)gpuGetLastError();
@@ -158,6 +214,7 @@ void StreamWaitFlag(Stream, uint32_t*, uint32_t) {
 }
 std::string StreamFlagMechanism() { return "none"; }
 bool StreamIsCapturing(Stream) { return false; }
+bool ReleaseWithCapturedGraph(Stream, void (*)(void*), void*) { return false; }
 void LaunchStreamCopy(const StreamCopyArgs&, Stream) {
   throw Error(StatusCode::ERR_GPU_OP, "LaunchStreamCopy: this build has no GPU support");
 }

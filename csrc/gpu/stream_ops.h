@@ -32,6 +32,9 @@ struct StreamError {
   int64_t size;
 };
 constexpr uint32_t kStreamErrorOutOfRange = 1;
+// code while the kernel thread that claimed the record (atomicCAS from 0)
+// still writes the other fields; the host reports only complete records.
+constexpr uint32_t kStreamErrorWriting = 0xFFFFFFFFu;
 
 // One stream-ordered transfer between a local registration and a remote one.
 // Segment i moves sizes[i * size_stride] bytes (uniform_size when sizes is
@@ -98,6 +101,17 @@ std::string StreamFlagMechanism();
 
 // True while `s` is being captured into a CUDA/HIP graph.
 bool StreamIsCapturing(Stream s);
+
+// Ties `release(context)` to the graph being captured on `s`: a user object
+// whose reference the graph owns (cudaUserObjectCreate +
+// cudaGraphRetainUserObject with cudaGraphUserObjectMove). `release` runs
+// once, on a driver thread, after the graph and every executable graph
+// instantiated from it are destroyed and their launches have finished (or
+// when the capture is invalidated); it must make no CUDA/HIP call and must
+// not block. Returns false, and never calls `release`, where this is not
+// supported (HIP without user objects, such as HIP 5.2; CPU-only builds),
+// when `s` is not capturing, or when a call failed (the error is cleared).
+bool ReleaseWithCapturedGraph(Stream s, void (*release)(void*), void* context);
 
 // Loads the stream kernels on `device` (see WarmUpKernels).
 void WarmUpStreamKernels(int device);

@@ -108,3 +108,51 @@
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #endif
+
+// Graph user objects: a destructor callback whose reference a CUDA/HIP graph
+// owns (CUDA 11.3+; HIP 6.0+, HIP 5.2 has none). MORI_GPU_USER_OBJECTS says
+// whether this toolkit has them; gpuStreamGetCaptureGraph(stream, &status,
+// &graph) gives the graph a stream is capturing into.
+#if MORI_HIP
+#if defined(HIP_VERSION) && HIP_VERSION >= 60000000
+#define MORI_GPU_USER_OBJECTS 1
+#else
+#define MORI_GPU_USER_OBJECTS 0
+#endif
+#define gpuGraph_t hipGraph_t
+#define gpuStreamCaptureStatus hipStreamCaptureStatus
+#define gpuStreamCaptureStatusActive hipStreamCaptureStatusActive
+#define gpuStreamGetCaptureGraph(s, status, graph) hipStreamGetCaptureInfo_v2(s, status, nullptr, graph)
+#if MORI_GPU_USER_OBJECTS
+#define gpuUserObject_t hipUserObject_t
+#define gpuUserObjectCreate hipUserObjectCreate
+#define gpuUserObjectNoDestructorSync hipUserObjectNoDestructorSync
+#define gpuGraphRetainUserObject hipGraphRetainUserObject
+#define gpuGraphUserObjectMove hipGraphUserObjectMove
+#define gpuUserObjectRelease hipUserObjectRelease
+#endif
+#else
+#if CUDART_VERSION >= 11030
+#define MORI_GPU_USER_OBJECTS 1
+#else
+#define MORI_GPU_USER_OBJECTS 0
+#endif
+#define gpuGraph_t cudaGraph_t
+#define gpuStreamCaptureStatus cudaStreamCaptureStatus
+#define gpuStreamCaptureStatusActive cudaStreamCaptureStatusActive
+#if CUDART_VERSION >= 12000
+// CUDA 12 renamed _v2 to the plain name; CUDA 13 added edge data after the
+// graph (defaulted, like the rest).
+#define gpuStreamGetCaptureGraph(s, status, graph) cudaStreamGetCaptureInfo(s, status, nullptr, graph)
+#else
+#define gpuStreamGetCaptureGraph(s, status, graph) cudaStreamGetCaptureInfo_v2(s, status, nullptr, graph)
+#endif
+#if MORI_GPU_USER_OBJECTS
+#define gpuUserObject_t cudaUserObject_t
+#define gpuUserObjectCreate cudaUserObjectCreate
+#define gpuUserObjectNoDestructorSync cudaUserObjectNoDestructorSync
+#define gpuGraphRetainUserObject cudaGraphRetainUserObject
+#define gpuGraphUserObjectMove cudaGraphUserObjectMove
+#define gpuUserObjectRelease cudaUserObjectRelease
+#endif
+#endif

@@ -129,6 +129,7 @@ struct OpCall {
   // Block lists (local offsets, remote offsets, sizes); undefined when the
   // op takes scalars (read/write) or the sizes are implied (pages).
   std::array<at::Tensor, 3> lists;
+  std::array<const char*, 3> list_names{{"", "", ""}};  // argument names, for errors
   gpu::StreamCopyArgs segs;  // scalars, count, scale; pointers set per path
 };
 
@@ -211,6 +212,7 @@ OpCall ParseBatch(const char* name, bool is_read, int64_t handle, const at::Tens
                     ": mismatched list lengths: local_offsets has ", Num(n), ", remote_offsets has ", Num(ro.numel()),
                     ", sizes has ", Num(sizes.numel()), " (sizes may also hold one value for all)");
   c.lists = {lo, ro, sizes};
+  c.list_names = {{"local_offsets", "remote_offsets", "sizes"}};
   c.segs.count = n;
   c.segs.size_stride = sizes.numel() == 1 ? 0 : 1;
   return c;
@@ -226,6 +228,7 @@ OpCall ParsePages(const char* name, bool is_read, int64_t handle, const at::Tens
   TORCH_CHECK_VALUE(page_bytes > 0, name, ": page_bytes must be positive, got ", Num(page_bytes));
   c.lists[0] = lp;
   c.lists[1] = rp;
+  c.list_names = {{"local_pages", "remote_pages", ""}};
   c.segs.count = lp.numel();
   c.segs.offset_scale = page_bytes;
   c.segs.uniform_size = page_bytes;
@@ -286,15 +289,27 @@ gpu::Stream CurrentStream(c10::Device d) {
   return impl.getStream(d).native_handle();
 }
 
+// Under graph capture every block list must be a GPU tensor: the graph reads
+// it at replay time. A CPU list would be copied (GPU peers) or snapshotted
+// (doorbells) once, at capture, and every replay would silently reuse the
+// captured values. Raised before anything is enqueued, for every backend.
+void CheckCapturableLists(const OpCall& c, bool capturing) {
+  if (!capturing) return;
+  for (size_t k = 0; k < 3; ++k) {
+    const at::Tensor& t = c.lists[k];
+    TORCH_CHECK_VALUE(!t.defined() || t.is_cuda(), c.name, ": under CUDA graph capture the block lists must be GPU ",
+                      "tensors (a graph replay reads them); ", c.list_names[k], " is a CPU tensor");
+  }
+}
+
 // The lists as contiguous tensors on `dev` (a CPU list is copied, which a
-// graph capture cannot record).
+// graph capture cannot record: CheckCapturableLists refused it).
 std::array<at::Tensor, 3> ListsOnDevice(const OpCall& c, c10::Device dev, bool capturing) {
+  CheckCapturableLists(c, capturing);
   std::array<at::Tensor, 3> on_device;
   for (size_t k = 0; k < 3; ++k) {
     const at::Tensor& t = c.lists[k];
     if (!t.defined()) continue;
-    TORCH_CHECK_VALUE(t.is_cuda() || !capturing, c.name,
-                      ": under CUDA graph capture the block lists must be GPU tensors (got a CPU tensor)");
     on_device[k] = t.to(dev).contiguous();
   }
   return on_device;
@@ -348,6 +363,26 @@ class GpuStaging {
   gpu::StreamCopyArgs args_;
 };
 
+// A slot captured into a graph lives as long as the graph: a user object
+// the graph owns retires the slot's lease when the graph is destroyed, and
+// the progress thread then frees the slot. Without graph user objects (HIP
+// 5.2) the slot keeps no lease and is watched for the life of the process.
+void TieToCapturedGraph(DoorbellSlot& slot, gpu::Stream stream) {
+  auto lease = std::make_shared<SlotLease>();
+  auto* context = new std::shared_ptr<SlotLease>(lease);
+  bool tied = false;
+  try {
+    tied = gpu::ReleaseWithCapturedGraph(stream, &SlotLease::ReleaseCallback, context);
+  } catch (const Error&) {
+    tied = false;
+  }
+  if (!tied) {
+    delete context;
+    return;
+  }
+  slot.lease = std::move(lease);
+}
+
 void RingDoorbell(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturing) {
   std::unique_ptr<GpuStaging> staging;
   if (!IsRegistered(c)) {
@@ -367,9 +402,12 @@ void RingDoorbell(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturing
   slot->is_read = c.is_read;
   slot->persistent = capturing;
   slot->segs = c.segs;
+  slot->lease.reset();
+  if (capturing) TieToCapturedGraph(*slot, stream);
   bool enqueued = false;
   try {
-    // Lists: host values now, device values copied by the stream (so a graph
+    // Lists: host values now (eager only: CheckCapturableLists refused CPU
+    // lists under capture), device values copied by the stream (so a graph
     // replay stages that replay's block table).
     std::array<at::Tensor, 3> keep;
     for (int k = 0; k < 3; ++k) {
@@ -414,6 +452,7 @@ void RunOnStream(OpCall c) {
   } catch (const Error& e) {
     Rethrow(e);
   }
+  CheckCapturableLists(c, capturing);
   if (c.os->session->peer().RunsOnStream()) {
     LaunchOnDevice(c, dev, stream, capturing);
   } else if (c.local.is_cpu() && !IsRegistered(c)) {
@@ -482,6 +521,8 @@ TORCH_LIBRARY_FRAGMENT(mori, m) {
   m.def("stream_flag_mechanism() -> str", [] { return gpu::StreamFlagMechanism(); });
   m.def("doorbell_slots_watched() -> int",
         [] { return static_cast<int64_t>(DoorbellService::Instance().Watched()); });
+  m.def("doorbell_slots_captured() -> int",
+        [] { return static_cast<int64_t>(DoorbellService::Instance().Leased()); });
   m.def("read(int session, Tensor(a!) local, int local_offset, int remote_offset, int size) -> ()");
   m.def("write(int session, Tensor local, int local_offset, int remote_offset, int size) -> ()");
   m.def("batch_read(int session, Tensor(a!) local, Tensor local_offsets, Tensor remote_offsets, Tensor sizes) -> ()");

@@ -2,8 +2,9 @@
 // thread plays the stream (writes ring, waits for done, re-arms done), as
 // the stream memory operations do on a GPU. Covers a one-shot slot going
 // back to the pool, a persistent (graph) slot answering every ring with the
-// lists staged for that ring, and errors reaching StreamErrors without
-// holding the "stream".
+// lists staged for that ring, a persistent slot freed once its lease is
+// retired (what a destroyed CUDA graph's user object does), and errors
+// reaching StreamErrors without holding the "stream".
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -117,6 +118,68 @@ TEST_F(DoorbellTest, PersistentSlotAnswersEveryRingWithThatRingsLists) {
     EXPECT_TRUE(PageEquals(i % kPages, (i * 7) % kPages)) << "ring " << i;
   }
   EXPECT_EQ(service.Watched(), before + 1);  // still watched: a graph may replay
+}
+
+TEST_F(DoorbellTest, RetiredLeaseFreesAPersistentSlot) {
+  auto& service = DoorbellService::Instance();
+  const size_t watched_before = service.Watched();
+  const size_t leased_before = service.Leased();
+  const long session_refs = session_.use_count();
+  auto slot = PageRead(true);
+  auto lease = std::make_shared<SlotLease>();
+  slot->lease = lease;
+  DoorbellSlot* raw = slot.get();
+  service.Watch(std::move(slot));
+  EXPECT_EQ(service.Leased(), leased_before + 1);
+  EXPECT_EQ(session_.use_count(), session_refs + 1);  // the slot holds the session
+  for (int64_t i = 0; i < 3; ++i) {  // "replays"
+    raw->list(0)[0] = i + 1;
+    raw->list(1)[0] = i + 30;
+    ASSERT_TRUE(RingAndWait(*raw)) << "ring " << i;
+    EXPECT_TRUE(PageEquals(i + 1, i + 30)) << "ring " << i;
+  }
+  EXPECT_EQ(service.Watched(), watched_before + 1);  // still watched while the "graph" lives
+  // The graph's user object destructor: a driver thread, this callback only.
+  SlotLease::ReleaseCallback(new std::shared_ptr<SlotLease>(lease));
+  EXPECT_TRUE(lease->retired());
+  EXPECT_TRUE(PollUntil([&] { return service.Watched() == watched_before; }, kWaitMs)) << "slot still watched";
+  EXPECT_EQ(service.Leased(), leased_before);
+  EXPECT_TRUE(PollUntil([&] { return session_.use_count() == session_refs; }, kWaitMs)) << "session still held";
+  EXPECT_EQ(lease.use_count(), 1);  // the slot let go of its lease too
+  // Back in the pool, clean: the next Acquire may hand it out again.
+  bool pooled = false;
+  std::vector<std::shared_ptr<DoorbellSlot>> taken;
+  for (int k = 0; k < 64 && !pooled; ++k) {
+    taken.push_back(service.Acquire(1));
+    if (taken.back().get() == raw) {
+      pooled = true;
+      EXPECT_FALSE(raw->session);
+      EXPECT_FALSE(raw->lease);
+      EXPECT_FALSE(raw->persistent);
+      EXPECT_EQ(Load(raw->done()), 0u);
+    }
+  }
+  EXPECT_TRUE(pooled) << "the retired slot did not return to the pool";
+}
+
+TEST_F(DoorbellTest, LeaseRetiredDuringATransferWaitsForIt) {
+  auto& service = DoorbellService::Instance();
+  const size_t watched_before = service.Watched();
+  auto slot = PageRead(true);
+  auto lease = std::make_shared<SlotLease>();
+  slot->lease = lease;
+  slot->list(0)[0] = 5;
+  slot->list(1)[0] = 50;
+  DoorbellSlot* raw = slot.get();
+  service.Watch(std::move(slot));
+  // Ring and retire at once (a driver releasing early): the transfer still
+  // completes and releases the "stream" before the slot is freed.
+  Store(raw->ring(), 1);
+  lease->Retire();
+  ASSERT_TRUE(PollUntil([&] { return Load(raw->done()) == 1 || service.Watched() == watched_before; }, kWaitMs));
+  if (Load(raw->done()) == 1) Store(raw->done(), 0);
+  EXPECT_TRUE(PollUntil([&] { return service.Watched() == watched_before; }, kWaitMs));
+  EXPECT_TRUE(PageEquals(5, 50));  // the ring pending at retirement was answered
 }
 
 TEST_F(DoorbellTest, OutOfRangeEntryReleasesTheStreamAndIsReported) {

@@ -1,8 +1,11 @@
 """Run by test_ops_gpu.py in a fresh process with MORI_TORCH_STREAM_FLAGS=spin:
 the doorbell works with spin kernels instead of stream memory operations,
-eager and inside a CUDA graph replayed with new block tables."""
-import sys
+eager and inside a CUDA graph replayed with new block tables, and the
+graph's doorbell slot is freed when the graph is destroyed."""
+import gc
 import os
+import sys
+import time
 
 import torch
 
@@ -32,6 +35,15 @@ def main():
         torch.cuda.synchronize()
         assert torch.equal(pages_of(t.local, 2), pages_of(t.remote, i * 3)), i
     ops.check_errors(t.h)
+    # The captured doorbell is freed with its graph (this process has no other).
+    assert ops.doorbell_slots()["captured"] == 1, ops.doorbell_slots()
+    del g
+    gc.collect()
+    torch.cuda.synchronize()
+    deadline = time.monotonic() + 10
+    while ops.doorbell_slots() != {"watched": 0, "captured": 0} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ops.doorbell_slots() == {"watched": 0, "captured": 0}, ops.doorbell_slots()
     t.close()
     print("spin fallback ok")
 

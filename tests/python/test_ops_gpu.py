@@ -1,7 +1,11 @@
-"""torch.ops.mori.* on GPU streams: XGMI (copy kernel on the stream) and TCP
-(doorbell answered by the progress thread), eager, opcheck, torch.compile,
-captured CUDA graphs replayed with new block tables, reduce-overhead, the
-spin-kernel fallback, and a capture while engine threads work."""
+"""torch.ops.mori.* on GPU streams: XGMI (copy kernel on the stream; remote
+pages on the same GPU and, with two GPUs, on cuda:1) and TCP (doorbell
+answered by the progress thread; host or GPU pages), eager, opcheck,
+torch.compile, captured CUDA graphs replayed with new block tables, CPU block
+lists refused under capture, doorbell slots freed with their graph,
+reduce-overhead, the spin-kernel fallback, and a capture while engine threads
+work."""
+import gc
 import os
 import subprocess
 import sys
@@ -16,6 +20,7 @@ from mori_torch import ops
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 PAGE = 4096
 PAGES = 256
@@ -23,24 +28,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class XgmiEnv:
-    """Two XGMI engines in this process; local and remote pages on cuda:0."""
+    """Two XGMI engines in this process; the local pages on cuda:0, the remote
+    pages on `remote_device` (cuda:0: one GPU; cuda:1: across GPUs). Ops run
+    on cuda:0's current stream."""
 
-    def __init__(self):
+    def __init__(self, remote_device="cuda:0"):
         self.a = IOEngine(unique_key("oxa"), IOEngineConfig("127.0.0.1", 0))
         self.b = IOEngine(unique_key("oxb"), IOEngineConfig("127.0.0.1", 0))
         for e in (self.a, self.b):
             e.create_backend(BackendType.XGMI, XgmiBackendConfig())
         self.a.register_remote_engine(self.b.get_engine_desc())
         self.local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, device="cuda:0")
-        self.remote = torch.zeros(PAGE * PAGES, dtype=torch.uint8, device="cuda:0")
+        self.remote = torch.zeros(PAGE * PAGES, dtype=torch.uint8, device=remote_device)
+        self.cross = self.remote.device != self.local.device
         ld = self.a.register_torch_tensor(self.local)
         rd = MemoryDesc.unpack(self.b.register_torch_tensor(self.remote).pack())
         self.sess = self.a.create_session(ld, rd)
         assert self.sess.backend_type == BackendType.XGMI
         self.h = ops.session_handle(self.sess)
 
+    def sync(self):
+        """Both GPUs: work on the remote GPU's streams is not ordered with
+        cuda:0's."""
+        torch.cuda.synchronize(self.local.device)
+        torch.cuda.synchronize(self.remote.device)
+
     def close(self):
-        torch.cuda.synchronize()
+        self.sync()
         ops.release_session_handle(self.h)
         self.a.shutdown()
         self.b.shutdown()
@@ -52,6 +66,7 @@ class TcpEnv:
     host memory. The doorbell orders both on the GPU stream."""
 
     def __init__(self, local="host"):
+        self.kind = local
         self.pair = Pair(nbytes=PAGE * PAGES)
         p = self.pair
         p.init.deregister_memory(p.local_desc)
@@ -70,9 +85,11 @@ class TcpEnv:
         self.pair.close()
 
 
-@pytest.fixture(scope="module")
-def xgmi():
-    env = XgmiEnv()
+@pytest.fixture(scope="module", params=["cuda:0", "cuda:1"], ids=["xgmi-1gpu", "xgmi-2gpu"])
+def xgmi(request):
+    if request.param == "cuda:1" and not TWO_GPUS:
+        pytest.skip("needs two GPUs")
+    env = XgmiEnv(request.param)
     yield env
     env.close()
 
@@ -93,6 +110,21 @@ def pages_of(t, idx):
     return t.view(PAGES, PAGE)[idx].cpu()
 
 
+def same(a, b):
+    """Byte equality of tensors that may live on different devices."""
+    return torch.equal(a.cpu(), b.cpu())
+
+
+def poll(fn, timeout=10.0):
+    """fn() until it is true or `timeout` seconds passed; the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(0.02)
+
+
 # ---------------------------------------------------------------------------
 # Eager
 
@@ -111,18 +143,18 @@ def test_xgmi_eager_all_ops(xgmi, lists_on):
     ops.batch_read(x.h, x.local, t([8192, 20000]), t([0, 40000]), t([4096, 77]))
     ops.read_pages(x.h, x.local, t([10, 11]), t([200, 3]), PAGE)
     torch.cuda.synchronize()
-    assert torch.equal(x.local[100:3100], x.remote[5000:8000])
-    assert torch.equal(x.local[8192:12288], x.remote[0:4096])
-    assert torch.equal(x.local[20000:20077], x.remote[40000:40077])
+    assert same(x.local[100:3100], x.remote[5000:8000])
+    assert same(x.local[8192:12288], x.remote[0:4096])
+    assert same(x.local[20000:20077], x.remote[40000:40077])
     assert torch.equal(pages_of(x.local, [10, 11]), pages_of(x.remote, [200, 3]))
     x.local.copy_(rand_pages(2, "cuda"))
     ops.write(x.h, x.local, 1, 2, 333)
     ops.batch_write(x.h, x.local, t([0, 4096]), t([50000, 60000]), t([16]))
     ops.write_pages(x.h, x.local, t([7]), t([250]), PAGE)
     torch.cuda.synchronize()
-    assert torch.equal(x.remote[2:335], x.local[1:334])
-    assert torch.equal(x.remote[50000:50016], x.local[0:16])
-    assert torch.equal(x.remote[60000:60016], x.local[4096:4112])
+    assert same(x.remote[2:335], x.local[1:334])
+    assert same(x.remote[50000:50016], x.local[0:16])
+    assert same(x.remote[60000:60016], x.local[4096:4112])
     assert torch.equal(pages_of(x.remote, [250]), pages_of(x.local, [7]))
     ops.check_errors(x.h)
 
@@ -131,6 +163,8 @@ def test_xgmi_orders_with_work_on_the_stream(xgmi):
     """The producer runs late (a long sleep first); the read must still see
     its bytes, and the consumer after the op must see the read's bytes."""
     x = xgmi
+    if x.cross:
+        pytest.skip("the producer writes the remote pages on this stream: one GPU only")
     s = torch.cuda.Stream()
     x.local.zero_()
     x.remote.zero_()
@@ -192,16 +226,18 @@ def test_tcp_failed_transfer_releases_the_stream_and_is_reported(tcp):
         ops.check_errors(t.h)
 
 
+def _l(values, dev):
+    return torch.tensor(values, device=dev)
+
+
+# (handle, local, device of the block lists) -> op arguments.
 OPCHECK_CASES = {
-    "read": lambda h, t: (h, t, 0, 128, 64),
-    "write": lambda h, t: (h, t, 64, 0, 32),
-    "batch_read": lambda h, t: (h, t, torch.tensor([0, 512], device=t.device), torch.tensor([1024, 256], device=t.device),
-                                torch.tensor([16, 40], device=t.device)),
-    "batch_write": lambda h, t: (h, t, torch.tensor([0, 512], device=t.device),
-                                 torch.tensor([2048, 4096], device=t.device), torch.tensor([24], device=t.device)),
-    "read_pages": lambda h, t: (h, t, torch.tensor([0, 3], device=t.device), torch.tensor([5, 1], device=t.device), PAGE),
-    "write_pages": lambda h, t: (h, t, torch.tensor([2, 3], device=t.device), torch.tensor([50, 51], device=t.device),
-                                 PAGE),
+    "read": lambda h, t, d: (h, t, 0, 128, 64),
+    "write": lambda h, t, d: (h, t, 64, 0, 32),
+    "batch_read": lambda h, t, d: (h, t, _l([0, 512], d), _l([1024, 256], d), _l([16, 40], d)),
+    "batch_write": lambda h, t, d: (h, t, _l([0, 512], d), _l([2048, 4096], d), _l([24], d)),
+    "read_pages": lambda h, t, d: (h, t, _l([0, 3], d), _l([5, 1], d), PAGE),
+    "write_pages": lambda h, t, d: (h, t, _l([2, 3], d), _l([50, 51], d), PAGE),
 }
 
 
@@ -209,7 +245,20 @@ OPCHECK_CASES = {
 def test_opcheck_xgmi(xgmi, name):
     xgmi.remote.copy_(rand_pages(4, "cuda"))
     xgmi.local.copy_(rand_pages(5, "cuda"))
-    torch.library.opcheck(getattr(torch.ops.mori, name).default, OPCHECK_CASES[name](xgmi.h, xgmi.local))
+    torch.library.opcheck(getattr(torch.ops.mori, name).default, OPCHECK_CASES[name](xgmi.h, xgmi.local, "cuda"))
+
+
+@pytest.mark.parametrize("name", sorted(OPCHECK_CASES))
+def test_opcheck_tcp(tcp, name):
+    """Block lists on the GPU, so the CUDA implementation runs even for host
+    pages: opcheck hands the op copies of `local`, which go through the
+    registration (a host copy after a stream sync; a GPU copy by staging
+    kernels around the doorbell)."""
+    tcp.remote.copy_(rand_pages(4, "cpu"))
+    tcp.local.copy_(rand_pages(5, tcp.local.device))
+    torch.library.opcheck(getattr(torch.ops.mori, name).default, OPCHECK_CASES[name](tcp.h, tcp.local, "cuda"))
+    torch.cuda.synchronize()
+    ops.check_errors(tcp.h)
 
 
 # ---------------------------------------------------------------------------
@@ -268,16 +317,18 @@ def tcp_step(h):
     return step
 
 
-def run_tcp_steps(step, t, n=4):
+def run_tcp_steps(step, t, n=4, staging=None, scale=lambda i: 3 + i):
     t.remote.copy_(rand_pages(7, "cpu"))
     t.local.zero_()
-    staging = torch.zeros(2, PAGE, dtype=torch.uint8, device="cuda")
+    if staging is None:
+        staging = torch.zeros(2, PAGE, dtype=torch.uint8, device="cuda")
     d = lambda v: torch.tensor(v, device="cuda")  # noqa: E731
     outs = []
     for i in range(n):
-        outs.append(step(t.local, staging, d([0, 1]), d([100 + i, 120 + i]), d([2, 3]), d([100 + i, 7 + i]), 3 + i))
+        out = step(t.local, staging, d([0, 1]), d([100 + i, 120 + i]), d([2, 3]), d([100 + i, 7 + i]), scale(i))
+        outs.append(out.clone())  # CUDA-graph outputs are overwritten by the next replay
     torch.cuda.synchronize()
-    return torch.stack(outs).cpu(), t.local.clone(), t.remote.clone()
+    return torch.stack(outs).cpu(), t.local.cpu().clone(), t.remote.clone()
 
 
 def test_compile_fullgraph_tcp_matches_eager(tcp):
@@ -338,16 +389,21 @@ def test_cuda_graph_xgmi_replays_with_new_block_tables(xgmi):
     ops.check_errors(x.h)
 
 
-def settled_watched_slots():
+def settled(read):
+    """read() once two reads 50 ms apart agree (the progress thread settled)."""
     deadline = time.monotonic() + 5
     last = -1
     while time.monotonic() < deadline:
-        now = torch.ops.mori.doorbell_slots_watched()
+        now = read()
         if now == last:
             return now
         last = now
         time.sleep(0.05)
     return last
+
+
+def settled_watched_slots():
+    return settled(torch.ops.mori.doorbell_slots_watched)
 
 
 def test_cuda_graph_tcp_replays_with_new_block_tables(tcp):
@@ -403,11 +459,17 @@ def test_cuda_graph_tcp_replays_with_new_block_tables(tcp):
 
 def test_capture_while_engine_threads_work(xgmi, tcp):
     """Default (global) capture mode on this thread while XGMI's completion
-    thread polls events and TCP threads move data on another thread."""
+    thread polls events and TCP threads move data on another thread. Every
+    replay must move the right bytes (a page the traffic never touches, from
+    a remote page chosen per replay) and report no error."""
     stop = threading.Event()
     errors = []
+    xgmi.remote.copy_(rand_pages(10, "cuda"))
+    tcp.remote.copy_(rand_pages(11, "cpu"))
+    xgmi.sync()
 
     def traffic():
+        # Reads into local pages 0-15 only (remote pages 0-16).
         try:
             while not stop.is_set():
                 wait_ok(xgmi.sess.batch_read([0, 8192], [4096, 65536], [4096, 4096], xgmi.sess.allocate_transfer_uid()))
@@ -415,25 +477,132 @@ def test_capture_while_engine_threads_work(xgmi, tcp):
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    # The engines are in use already (their lanes set up) when capture starts.
+    # The engines are in use already (their lanes set up) when capture starts:
+    # XGMI's lanes, and with GPU pages the TCP staging buffers of every data
+    # connection (a 1 MiB read is striped over all of them). TCP pins those on
+    # a connection's first GPU transfer, on a thread that is not yet in
+    # relaxed capture mode: done during a global-mode capture, that pinning
+    # would invalidate the capture.
     wait_ok(xgmi.sess.batch_read([0, 8192], [4096, 65536], [4096, 4096], xgmi.sess.allocate_transfer_uid()))
+    for _ in range(2):
+        wait_ok(tcp.sess.read(0, 0, PAGE * PAGES, tcp.sess.allocate_transfer_uid()))
+        wait_ok(tcp.sess.read(0, 0, 65536, tcp.sess.allocate_transfer_uid()))
     th = threading.Thread(target=traffic)
     th.start()
     try:
-        pages = torch.tensor([5], device="cuda")
-        for _ in range(20):
+        local_pages = torch.tensor([40], device="cuda")
+        remote_pages = torch.zeros(1, dtype=torch.int64, device="cuda")
+        for i in range(20):
             g = torch.cuda.CUDAGraph()
             s = torch.cuda.Stream()
             with torch.cuda.stream(s):
                 with torch.cuda.graph(g, stream=s):
-                    ops.read_pages(xgmi.h, xgmi.local, pages, pages, PAGE)
-                    ops.read_pages(tcp.h, tcp.local, pages, pages, PAGE)
+                    ops.read_pages(xgmi.h, xgmi.local, local_pages, remote_pages, PAGE)
+                    ops.read_pages(tcp.h, tcp.local, local_pages, remote_pages, PAGE)
+            xgmi.local.view(PAGES, PAGE)[40].zero_()
+            tcp.local.view(PAGES, PAGE)[40].zero_()
+            remote_pages.fill_(20 + i)
             g.replay()
             torch.cuda.synchronize()
+            assert torch.equal(pages_of(xgmi.local, 40), pages_of(xgmi.remote, 20 + i)), f"capture {i}: XGMI bytes"
+            assert torch.equal(pages_of(tcp.local, 40), pages_of(tcp.remote, 20 + i)), f"capture {i}: TCP bytes"
+            ops.check_errors(xgmi.h)
+            ops.check_errors(tcp.h)
     finally:
         stop.set()
         th.join()
     assert not errors, errors
+
+
+# ---------------------------------------------------------------------------
+# Block lists under capture: a graph reads them at replay, so CPU lists (which
+# would be captured once) are refused, naming the argument, before anything
+# is enqueued.
+
+
+def assert_capture_refuses_cpu_lists(h, local):
+    gpu = torch.tensor([1], device="cuda")
+    cpu = torch.tensor([2])
+    sizes = torch.tensor([64], device="cuda")
+    cases = [
+        ("remote_pages", lambda: ops.read_pages(h, local, gpu, cpu, PAGE)),
+        ("local_pages", lambda: ops.write_pages(h, local, cpu, gpu, PAGE)),
+        ("sizes", lambda: ops.batch_read(h, local, gpu, gpu, torch.tensor([64]))),
+        ("local_offsets", lambda: ops.batch_write(h, local, cpu, gpu, sizes)),
+    ]
+    keep = torch.zeros(1, device="cuda")
+    for name, call in cases:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        raised = None
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                keep.add_(1)  # the graph is not empty
+                try:
+                    call()
+                except ValueError as e:
+                    raised = e
+        assert raised is not None, f"a CPU {name} was accepted under capture"
+        assert "under CUDA graph capture" in str(raised) and f"{name} is a CPU tensor" in str(raised), str(raised)
+        del g
+    torch.cuda.synchronize()
+
+
+def test_tcp_capture_refuses_cpu_block_lists(tcp):
+    assert_capture_refuses_cpu_lists(tcp.h, tcp.local)
+    # Eager, the same CPU lists are fine (staged at the call).
+    tcp.remote.copy_(rand_pages(13, "cpu"))
+    ops.read_pages(tcp.h, tcp.local, torch.tensor([1], device="cuda"), torch.tensor([2]), PAGE)
+    torch.cuda.synchronize()
+    assert torch.equal(pages_of(tcp.local, 1), pages_of(tcp.remote, 2))
+    ops.check_errors(tcp.h)
+
+
+def test_xgmi_capture_refuses_cpu_block_lists(xgmi):
+    assert_capture_refuses_cpu_lists(xgmi.h, xgmi.local)
+    ops.check_errors(xgmi.h)
+
+
+# ---------------------------------------------------------------------------
+# A captured doorbell lives as long as its graph
+
+
+def test_destroying_a_captured_graph_frees_its_doorbell_slots(tcp):
+    """Each captured TCP op holds a doorbell slot that the progress thread
+    watches (and that keeps the session) while the graph may replay. A user
+    object owned by the graph releases it: once the graph is destroyed the
+    slot is no longer watched."""
+    t = tcp
+    t.remote.copy_(rand_pages(14, "cpu"))
+    local_pages = torch.tensor([6], device="cuda")
+    remote_pages = torch.tensor([70], device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            ops.read_pages(t.h, t.local, local_pages, remote_pages, PAGE)
+            ops.write_pages(t.h, t.local, local_pages, remote_pages + 1, PAGE)
+    held = ops.doorbell_slots()
+    assert held["captured"] >= 2, held  # both doorbells tied to the live graph
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(pages_of(t.local, 6), pages_of(t.remote, 70))
+    assert torch.equal(pages_of(t.remote, 71), pages_of(t.remote, 70))
+    ops.check_errors(t.h)
+    del g
+    gc.collect()
+    torch.cuda.synchronize()
+    # The graph's user object is released on a driver thread, then the
+    # progress thread frees the slots: both asynchronous.
+    assert poll(lambda: ops.doorbell_slots()["captured"] <= held["captured"] - 2), ops.doorbell_slots()
+    assert poll(lambda: ops.doorbell_slots()["watched"] <= held["watched"] - 2), ops.doorbell_slots()
+    # The freed slots serve eager ops (and new captures) again.
+    ops.read_pages(t.h, t.local, torch.tensor([7], device="cuda"), torch.tensor([71], device="cuda"), PAGE)
+    torch.cuda.synchronize()
+    assert torch.equal(pages_of(t.local, 7), pages_of(t.remote, 70))
+    ops.check_errors(t.h)
 
 
 # ---------------------------------------------------------------------------
@@ -458,6 +627,44 @@ def test_reduce_overhead_runs_under_cuda_graphs(xgmi):
     for w, g in zip(want, got):
         assert torch.equal(w, g)
     assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def settled_captured_slots():
+    return settled(lambda: ops.doorbell_slots()["captured"])
+
+
+def test_reduce_overhead_tcp_runs_under_cuda_graphs(tcp):
+    """TCP doorbells inside inductor's CUDA graphs (GPU pages). Host pages are
+    CPU tensors, which inductor keeps out of its CUDA graphs (README, ops
+    section); torch.cuda.graph captures them (test above)."""
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    t = tcp
+    if t.kind != "gpu":
+        pytest.skip("host pages are CPU tensors: inductor does not CUDA-graph them (README)")
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.synchronize()
+    staging = torch.zeros(2, PAGE, dtype=torch.uint8, device="cuda")
+    torch._dynamo.mark_static_address(t.local)
+    torch._dynamo.mark_static_address(staging)
+    scale = lambda i: torch.tensor(3 + i, device="cuda")  # noqa: E731  (new values: no recompile)
+    step = tcp_step(t.h)
+    want = run_tcp_steps(step, t, n=6, staging=staging, scale=scale)
+    captured = settled_captured_slots()
+    counters.clear()
+    # A skipped CUDA graph (mutated input, CPU tensor, ...) is an error here.
+    with inductor_config.patch({"triton.cudagraph_or_error": True}):
+        compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+        got = run_tcp_steps(compiled, t, n=6, staging=staging, scale=scale)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    # The doorbells were captured into a graph, not run beside one (graph
+    # partitioning would run an op it refuses eagerly, without a skip).
+    assert ops.doorbell_slots()["captured"] >= captured + 2
+    ops.check_errors(t.h)
 
 
 # ---------------------------------------------------------------------------
