@@ -153,8 +153,11 @@ def main():
     # Doorbell only: one 8-byte read per node, so the loopback transfer is
     # as small as it gets and the node's cost is mostly the doorbell round
     # trip (stream write -> progress thread -> completion flag -> stream).
+    # (A GPU block table, so the op runs on the stream: with host offsets and
+    # a host tensor it would be the synchronous CPU path, not a graph node.)
     tiny_src = torch.zeros(8, dtype=torch.uint8, device="cuda")
-    t_bell = graph_us_per_node(lambda: torch.ops.mori.read(h, local, 0, 0, 8), max(5, args.replays // 5))
+    first = torch.zeros(1, dtype=torch.int64, device="cuda")
+    t_bell = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, first, first, 8), max(5, args.replays // 5))
     t_tiny = graph_us_per_node(lambda: local[:8].copy_(tiny_src, non_blocking=True), args.replays)
     record(case="graph_node_us", backend="tcp-doorbell", pages=0, page_bytes=PAGE, bytes=8, op_us=t_bell,
            raw_copy_us=t_tiny, extra_us=t_bell - t_tiny,
