@@ -24,6 +24,7 @@
 #include "backends/rdma/rdma_completion.h"
 #include "backends/rdma/rdma_device.h"
 #include "backends/rdma/verbs_loader.h"
+#include "backends/rdma/rdma_mr_cache.h"
 #include "core/engine.h"
 #include "rdma_vm_peer.h"
 #include "test_util.h"
@@ -784,6 +785,50 @@ TEST(RdmaDeviceTest, UnusableGidIndexFailsNamingIt) {
   e.CreateBackend(BackendType::RDMA, {});  // the engine is unharmed; the automatic GID works
   EXPECT_TRUE(e.HasBackend(BackendType::RDMA));
   e.Shutdown();
+}
+
+// GPU memory goes through dma-buf first and falls back to ibv_reg_mr. Here
+// (no GPU, a CPU-only core) the dma-buf step always fails, so a descriptor
+// that says GPU exercises the fallback: over real pages it registers, over
+// unmapped memory the error names both attempts and nothing aborts.
+TEST(RdmaMrCacheTest, GpuMemoryFallsBackToPlainRegistrationAndFailuresAreErrors) {
+  std::string why;
+  const rdma::VerbsApi* api = rdma::LoadVerbs(&why);
+  ASSERT_NE(api, nullptr) << why;
+  auto rails = rdma::OpenActiveDevices(api, -1);
+  ASSERT_FALSE(rails.empty());
+  rdma::MrCache cache(rails);
+  HostBuf buf(1 << 20);
+  MemoryDesc gpu;
+  gpu.engine_key = "mr-test";
+  gpu.id = 7;
+  gpu.device_id = 0;
+  gpu.loc = MemoryLocationType::GPU;
+  gpu.data = reinterpret_cast<uint64_t>(buf.p);
+  gpu.size = buf.size;
+  ibv_mr* mr = cache.Get(0, gpu);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(mr->addr), gpu.data);
+  EXPECT_GE(mr->length, gpu.size);
+  EXPECT_EQ(cache.Get(0, gpu), mr);  // cached
+  cache.Drop(gpu.id);
+
+  // Unmapped: both registrations fail; an Error, and the cache stays usable.
+  void* hole = mmap(nullptr, 1 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(hole, MAP_FAILED);
+  munmap(hole, 1 << 20);
+  MemoryDesc gone = gpu;
+  gone.id = 8;
+  gone.data = reinterpret_cast<uint64_t>(hole);
+  auto err = testing_util::CatchError([&] { cache.Get(0, gone); });
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->code(), StatusCode::ERR_RDMA_OP);
+  EXPECT_TRUE(Contains(err->what(), "cannot register GPU memory 8")) << err->what();
+  EXPECT_TRUE(Contains(err->what(), "ibv_reg_mr")) << err->what();
+  EXPECT_TRUE(Contains(err->what(), "dma-buf")) << err->what();
+  ibv_mr* again = cache.Get(0, gpu);
+  ASSERT_NE(again, nullptr);
+  cache.Clear();
 }
 
 }  // namespace
