@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 
+#include "backends/rdma/rdma_config.h"
 #include "core/engine.h"
 #include "test_util.h"
 
@@ -78,6 +79,42 @@ bool HostHasRdmaDevices() {
   while (dirent* e = readdir(d)) any = any || e->d_name[0] != '.';
   closedir(d);
   return any;
+}
+
+TEST(RdmaConfigEnvTest, MoriIoEnvironmentOverridesReplaceFieldsBeforeValidation) {
+  using rdma::RdmaConfig;
+  {
+    testing_util::ScopedEnv qp("MORI_IO_QP_PER_TRANSFER", "4"), mode("MORI_IO_POLL_CQ_MODE", "event"),
+        notif("MORI_IO_ENABLE_NOTIFICATION", "off"), batch("MORI_IO_POST_BATCH_SIZE", "-1"),
+        chunk("MORI_IO_ENABLE_CHUNKING", "true"), bytes("MORI_IO_CHUNK_BYTES", "8192");
+    RdmaConfig c = RdmaConfig::FromMap({{"qp_per_transfer", 1}, {"post_batch_size", 16}});
+    EXPECT_EQ(c.qp_per_transfer, 4);  // the environment wins over the config, as in MORI-IO
+    EXPECT_EQ(c.poll_cq_mode, rdma::PollCqMode::EVENT);
+    EXPECT_FALSE(c.enable_notification);
+    EXPECT_EQ(c.post_batch_size, -1);
+    EXPECT_TRUE(c.enable_transfer_chunking);
+    EXPECT_EQ(c.chunk_bytes, 8192);
+  }
+  EXPECT_EQ(RdmaConfig::FromMap({}).qp_per_transfer, 1);  // unset again: the default
+  {
+    // Overridden values are validated like configured ones.
+    testing_util::ScopedEnv chunk("MORI_IO_ENABLE_CHUNKING", "1"), bytes("MORI_IO_CHUNK_BYTES", "100");
+    auto e = CatchError([&] { RdmaConfig::FromMap({}); });
+    ASSERT_TRUE(e);
+    EXPECT_EQ(std::string(e->what()), "Invalid RDMA config: chunkBytes must be >= 4096 when chunking is enabled");
+  }
+  const std::pair<const char*, const char*> bad[] = {{"MORI_IO_QP_PER_TRANSFER", "0"},
+                                                     {"MORI_IO_QP_PER_TRANSFER", "four"},
+                                                     {"MORI_IO_ENABLE_NOTIFICATION", "maybe"},
+                                                     {"MORI_IO_POLL_CQ_MODE", "SPIN"},
+                                                     {"MORI_IO_POST_BATCH_SIZE", "12x"}};
+  for (const auto& [var, value] : bad) {
+    testing_util::ScopedEnv env(var, value);
+    auto e = CatchError([&] { RdmaConfig::FromMap({}); });
+    ASSERT_TRUE(e) << var << "=" << value;
+    EXPECT_EQ(e->code(), StatusCode::ERR_INVALID_ARGS);
+    EXPECT_TRUE(Contains(e->what(), std::string(var) + "='" + value + "'")) << e->what();
+  }
 }
 
 TEST_F(RdmaConfigTest, NoUsableDeviceIsAClearErrorAndTheEngineKeepsWorking) {

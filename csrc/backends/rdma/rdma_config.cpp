@@ -1,10 +1,74 @@
 #include "backends/rdma/rdma_config.h"
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <strings.h>
+
 namespace mori_torch {
 namespace rdma {
+namespace {
 
-RdmaConfig RdmaConfig::FromMap(const BackendConfig& m) {
+enum class EnvKind { Bool, Positive, AnyInt, PollMode };
+
+int64_t ParseEnv(const char* var, const char* v, EnvKind kind) {
+  auto bad = [&](const char* want) {
+    return Error(StatusCode::ERR_INVALID_ARGS,
+                 std::string(var) + "='" + v + "' is not " + want + " (environment override of RdmaBackendConfig)");
+  };
+  if (kind == EnvKind::Bool) {
+    for (const char* t : {"1", "true", "yes", "on"}) {
+      if (strcasecmp(v, t) == 0) return 1;
+    }
+    for (const char* f : {"0", "false", "no", "off"}) {
+      if (strcasecmp(v, f) == 0) return 0;
+    }
+    throw bad("a boolean (1/0, true/false, yes/no, on/off)");
+  }
+  if (kind == EnvKind::PollMode) {
+    if (strcasecmp(v, "POLLING") == 0 || std::strcmp(v, "0") == 0) return 0;
+    if (strcasecmp(v, "EVENT") == 0 || std::strcmp(v, "1") == 0) return 1;
+    throw bad("POLLING or EVENT");
+  }
+  errno = 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0') throw bad("an integer");
+  if (kind == EnvKind::Positive && n < 1) throw bad("a positive integer");
+  return n;
+}
+
+// MORI-IO's environment overrides (deployment scripts set them): each
+// replaces the config field it names before validation.
+BackendConfig WithEnvOverrides(BackendConfig m) {
+  struct Override {
+    const char* var;
+    const char* key;
+    EnvKind kind;
+  };
+  static const Override kOverrides[] = {
+      {"MORI_IO_ENABLE_NOTIFICATION", "enable_notification", EnvKind::Bool},
+      {"MORI_IO_ENABLE_CHUNKING", "enable_transfer_chunking", EnvKind::Bool},
+      {"MORI_IO_CHUNK_BYTES", "chunk_bytes", EnvKind::Positive},
+      {"MORI_IO_MAX_CHUNKS", "max_chunks_per_transfer", EnvKind::Positive},
+      {"MORI_IO_NUM_NICS_PER_TRANSFER", "num_nics_per_transfer", EnvKind::Positive},
+      {"MORI_IO_QP_PER_TRANSFER", "qp_per_transfer", EnvKind::Positive},
+      {"MORI_IO_POST_BATCH_SIZE", "post_batch_size", EnvKind::AnyInt},
+      {"MORI_IO_NUM_WORKER_THREADS", "num_worker_threads", EnvKind::Positive},
+      {"MORI_IO_POLL_CQ_MODE", "poll_cq_mode", EnvKind::PollMode},
+  };
+  for (const Override& o : kOverrides) {
+    const char* v = std::getenv(o.var);
+    if (v && *v) m[o.key] = ParseEnv(o.var, v, o.kind);
+  }
+  return m;
+}
+
+}  // namespace
+
+RdmaConfig RdmaConfig::FromMap(const BackendConfig& given) {
   constexpr const char* kName = "RdmaBackendConfig";
+  const BackendConfig m = WithEnvOverrides(given);
   CheckConfigKeys(m, kName,
                   {"qp_per_transfer", "post_batch_size", "num_worker_threads", "poll_cq_mode", "enable_notification",
                    "notif_per_qp", "enable_transfer_chunking", "chunk_bytes", "max_chunks_per_transfer",
