@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -383,7 +384,26 @@ void TieToCapturedGraph(DoorbellSlot& slot, gpu::Stream stream) {
   slot.lease = std::move(lease);
 }
 
+// GPU memory over a host-driven backend: the transfer behind the doorbell
+// needs CUDA calls of its own (the backend's staging copies). With lazy
+// module loading, a kernel loaded for the first time while the stream waits
+// here blocks those calls until the wait ends, which it then never does
+// (shared/notes/GPU_FACTS.md). Said once per process, with the ways out.
+void WarnIfLazyLoadingCanStall(const OpCall& c) {
+  if (c.os->session->local()->desc.loc != MemoryLocationType::GPU) return;
+#if !defined(USE_ROCM)
+  const char* mode = std::getenv("CUDA_MODULE_LOADING");
+  if (mode && std::strcmp(mode, "EAGER") == 0) return;
+  TORCH_WARN_ONCE(c.name, ": a stream-ordered transfer of GPU memory over a host-driven backend (TCP/RDMA) ",
+                  "needs CUDA calls while the stream waits for it. With lazy module loading (CUDA's default), ",
+                  "the first launch of a kernel not loaded yet, made while such a transfer is pending, can stall ",
+                  "the process for good: run each step's kernels once before its first transfer (a warm-up ",
+                  "step), or set CUDA_MODULE_LOADING=EAGER before CUDA starts.");
+#endif
+}
+
 void RingDoorbell(OpCall& c, c10::Device dev, gpu::Stream stream, bool capturing) {
+  WarnIfLazyLoadingCanStall(c);
   std::unique_ptr<GpuStaging> staging;
   if (!IsRegistered(c)) {
     staging = std::make_unique<GpuStaging>(c, dev, capturing);
