@@ -4,7 +4,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "core/byte_io.h"
@@ -85,6 +87,12 @@ std::shared_ptr<Backend> Engine::BackendOf(BackendType type) const {
   return backends_[static_cast<int>(type)];
 }
 
+void Engine::ForEachBackend(const std::function<void(Backend&)>& fn) const {
+  for (auto t : kPreference) {
+    if (auto b = BackendOf(t)) fn(*b);
+  }
+}
+
 bool Engine::HasBackend(BackendType type) const { return ValidBackendType(type) && BackendOf(type) != nullptr; }
 
 void Engine::CreateBackend(BackendType type, const BackendConfig& config) {
@@ -124,9 +132,7 @@ void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
     MORI_LOG(Info, "register_remote_engine: '" << desc.key << "' re-registered with a new descriptor");
     control_clients_.erase(desc.key);
     lk.unlock();
-    for (auto t : kPreference) {
-      if (auto b = BackendOf(t)) b->RemovePeer(desc.key);
-    }
+    ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key); });
     lk.lock();
   }
   remotes_[desc.key] = desc;
@@ -141,9 +147,7 @@ void Engine::DeregisterRemoteEngine(const EngineDesc& desc) {
     }
     control_clients_.erase(desc.key);
   }
-  for (auto t : kPreference) {
-    if (auto b = BackendOf(t)) b->RemovePeer(desc.key);
-  }
+  ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key); });
 }
 
 MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, MemoryLocationType loc) {
@@ -249,9 +253,7 @@ void Engine::WatchRemoteMemory(const MemoryDesc& desc) {
 }
 
 void Engine::RevokeHere(const std::string& owner_key, const std::vector<MemoryId>& ids) {
-  for (auto t : kPreference) {
-    if (auto b = BackendOf(t)) b->RevokeRemoteMemory(owner_key, ids);
-  }
+  ForEachBackend([&](Backend& b) { b.RevokeRemoteMemory(owner_key, ids); });
 }
 
 void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>& mems) {
@@ -282,7 +284,7 @@ void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>&
       // Refused: the watcher's engine is gone, and its mappings with it (an
       // engine closes them when it shuts down). Anything else (a hung peer)
       // deserves a warning: it may still hold a mapping.
-      const bool gone = std::string(e.what()).find("Connection refused") != std::string::npos;
+      const bool gone = std::string(e.what()).find(std::strerror(ECONNREFUSED)) != std::string::npos;
       if (gone) {
         MORI_LOG(Info, "engine '" << desc_.key << "': engine '" << n.to.key << "' that mapped " << n.ids.size()
                                   << " deregistered memory region(s) is gone: " << e.what());
@@ -414,9 +416,7 @@ std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const Me
 
 size_t Engine::MappedRemoteMemories() const {
   size_t n = 0;
-  for (auto t : kPreference) {
-    if (auto b = BackendOf(t)) n += b->MappedRemoteMemories();
-  }
+  ForEachBackend([&](Backend& b) { n += b.MappedRemoteMemories(); });
   return n;
 }
 

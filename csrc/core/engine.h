@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -91,6 +92,8 @@ class Engine : public ControlPlaneDelegate {
                    const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
                    const std::vector<int64_t>& sizes, TransferUid uid);
   std::shared_ptr<Backend> BackendOf(BackendType type) const;
+  // Calls fn for each backend that exists, fastest first (no lock held).
+  void ForEachBackend(const std::function<void(Backend&)>& fn) const;
   std::shared_ptr<ControlClient> ClientFor(const std::string& engine_key);
   // MemLookup or MemWatch of `desc` at its owner; throws unless the owner
   // still has it registered as described.

@@ -18,11 +18,7 @@ class PeerCache {
   // exactly once).
   template <typename Make>
   std::shared_ptr<PeerT> GetOrCreate(const std::string& key, Make make) {
-    {
-      std::shared_lock<std::shared_mutex> lk(mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) return it->second;
-    }
+    if (auto p = Find(key)) return p;
     std::unique_lock<std::shared_mutex> lk(mu_);
     auto& p = map_[key];
     if (!p) p = make();

@@ -390,10 +390,12 @@ void TieToCapturedGraph(DoorbellSlot& slot, gpu::Stream stream) {
 // here blocks those calls until the wait ends, which it then never does
 // (shared/notes/GPU_FACTS.md). Said once per process, with the ways out.
 void WarnIfLazyLoadingCanStall(const OpCall& c) {
-  if (c.os->session->local()->desc.loc != MemoryLocationType::GPU) return;
 #if !defined(USE_ROCM)
-  const char* mode = std::getenv("CUDA_MODULE_LOADING");
-  if (mode && std::strcmp(mode, "EAGER") == 0) return;
+  static const bool eager = [] {
+    const char* mode = std::getenv("CUDA_MODULE_LOADING");  // read by CUDA once, at start-up
+    return mode && std::strcmp(mode, "EAGER") == 0;
+  }();
+  if (eager || c.os->session->local()->desc.loc != MemoryLocationType::GPU) return;
   TORCH_WARN_ONCE(c.name, ": a stream-ordered transfer of GPU memory over a host-driven backend (TCP/RDMA) ",
                   "needs CUDA calls while the stream waits for it. With lazy module loading (CUDA's default), ",
                   "the first launch of a kernel not loaded yet, made while such a transfer is pending, can stall ",

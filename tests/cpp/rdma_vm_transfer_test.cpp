@@ -37,6 +37,7 @@ using rdma_test::HashBytes;
 using rdma_test::PeerProcess;
 using testing_util::Contains;
 using testing_util::MsSince;
+using testing_util::ScopedEnv;
 
 constexpr uint64_t kPeerBuf = 72ull << 20;
 constexpr int kWaitMs = 60000;  // nothing may hang; the VM is slow
@@ -48,32 +49,6 @@ constexpr int kWaitMs = 60000;  // nothing may hang; the VM is slow
   return ::testing::AssertionFailure() << "status " << StatusCodeName(c) << " (want " << StatusCodeName(want)
                                        << "): " << s->Message();
 }
-
-// Sets (value) or unsets (nullptr) an environment variable for a scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // Scheduler counters of one thread (/proc/self/task/TID/status and stat).
 struct ThreadStats {
