@@ -256,7 +256,7 @@ class EngineDesc:
     port = property(lambda self: self._d.port())
     pid = property(lambda self: self._d.pid())
     # mori_torch extension: random per engine process (a restart changes it)
-    incarnation = property(lambda self: self._d.incarnation())
+    incarnation = property(lambda self: self._d.incarnation() & 0xFFFFFFFFFFFFFFFF)
 
     def pack(self) -> bytes:
         return bytes(self._d.pack().tolist())
