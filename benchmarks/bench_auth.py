@@ -1,48 +1,64 @@
 """Authentication cost (issue 11), in one run:
 
 1. handshake time: opening a control connection without a secret and with
-   one (build/cmake/mori_auth_bench, C++, alternating blocks);
-2. TCP throughput with a secret against without: the two-process benchmark
-   CLI (python -m mori_torch.benchmark, data verified once per case) run
-   alternately with and without MORI_TORCH_SECRET in both processes.
+   one (build/cmake/mori_auth_bench, C++, alternating blocks of 100);
+2. TCP throughput with a secret against without: a target process holds two
+   engines (one open, one with a secret) and this process two initiators to
+   match; transfers alternate between the two pairs one by one, so that
+   other load on the machine hits both alike. Data is verified once per
+   case and pair before timing.
 
-    python benchmarks/bench_auth.py --rounds 3 --json docs/results/auth_tcp_cpu.json
+    python benchmarks/bench_auth.py --iters 40 --json docs/results/auth_tcp_cpu.json
 """
 import argparse
 import json
+import multiprocessing as mp
 import os
 import platform
+import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = [
-    ["--buffer-size", "64M", "--transfer-batch-size", "1", "--enable-sess"],
-    ["--buffer-size", "16K", "--transfer-batch-size", "1024", "--enable-batch-transfer", "--enable-sess"],
-]
+SECRET = "benchmark secret"
+NBYTES = 64 << 20
+MODES = ("open", "secret")
+# (name, segment bytes, segments)
+CASES = [("1 x 64 MiB", 64 << 20, 1), ("1024 x 16 KiB", 16 << 10, 1024)]
 
 
-def run_cli(case, iters, secret):
-    env = dict(os.environ)
-    env.pop("MORI_TORCH_SECRET", None)
-    if secret:
-        env["MORI_TORCH_SECRET"] = secret
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, "-m", "mori_torch.benchmark", "--op-type", "both", "--iters", str(iters),
-               "--no-baseline", "--json", f.name] + case
-        subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        with open(f.name) as g:
-            return json.load(g)
+def _secret_of(mode, aa):
+    return SECRET if mode == "secret" and not aa else None
+
+
+def _target(conn, aa):
+    from mori_torch.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig
+
+    keep, out = [], {}
+    for mode in MODES:
+        e = IOEngine(f"auth-bench-target-{mode}-{os.getpid()}",
+                     IOEngineConfig("127.0.0.1", 0, secret=_secret_of(mode, aa)))
+        e.create_backend(BackendType.TCP, TcpBackendConfig())
+        buf = torch.zeros(NBYTES, dtype=torch.uint8)
+        md = e.register_torch_tensor(buf)
+        keep.append((e, buf))
+        out[mode] = (e.get_engine_desc().pack(), md.pack())
+    conn.send(out)
+    conn.recv()
+    for e, _ in keep:
+        e.shutdown()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=40, help="timed transfers per case, op and mode")
     ap.add_argument("--handshakes", type=int, default=2000)
     ap.add_argument("--auth-bench", default=os.path.join(ROOT, "build/cmake/mori_auth_bench"))
+    ap.add_argument("--aa", action="store_true",
+                    help="control run: the 'secret' pair has no secret either (measures the noise of the A/B)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -51,30 +67,79 @@ def main():
     print(f"handshake: open p50 {hs['open_p50_us']:.0f} us (p99 {hs['open_p99_us']:.0f}), with a secret p50 "
           f"{hs['secret_p50_us']:.0f} us (p99 {hs['secret_p99_us']:.0f})")
 
-    secret = "benchmark secret"
-    gbps = {}  # (case, op, mode) -> [GB/s per round]
-    for r in range(args.rounds):
-        order = [False, True] if r % 2 == 0 else [True, False]
-        for case in CASES:
-            for with_secret in order:
-                for rec in run_cli(case, args.iters, secret if with_secret else None):
-                    key = (" ".join(case), rec["op"], "secret" if with_secret else "open")
-                    gbps.setdefault(key, []).append(rec["gbps"])
+    from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
+
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_target, args=(child, args.aa), daemon=True)
+    proc.start()
+    descs = conn.recv()
+    pairs = {}
+    for mode in MODES:
+        e = IOEngine(f"auth-bench-init-{mode}-{os.getpid()}",
+                     IOEngineConfig("127.0.0.1", 0, secret=_secret_of(mode, args.aa)))
+        e.create_backend(BackendType.TCP, TcpBackendConfig())
+        e.register_remote_engine(EngineDesc.unpack(descs[mode][0]))
+        local = torch.randint(0, 256, (NBYTES,), dtype=torch.uint8)
+        ld = e.register_torch_tensor(local)
+        remote = MemoryDesc.unpack(descs[mode][1])
+        pairs[mode] = (e, local, e.create_session(ld, remote))
+
     rows = []
-    for case in CASES:
-        c = " ".join(case)
-        for op in ("read", "write"):
-            o, s = gbps[(c, op, "open")], gbps[(c, op, "secret")]
-            mo, ms = sum(o) / len(o), sum(s) / len(s)
-            rows.append(dict(case=c, op=op, open_gbps=o, secret_gbps=s, open_mean_gbps=mo, secret_mean_gbps=ms,
-                             ratio=ms / mo))
-            print(f"{c} {op}: open {mo:.3f} GB/s, secret {ms:.3f} GB/s, ratio {ms / mo:.3f}")
+    try:
+        for name, seg, n in CASES:
+            offs = [i * seg for i in range(n)]
+            for op in ("write", "read"):
+                def once(mode):
+                    e, _, sess = pairs[mode]
+                    uid = sess.allocate_transfer_uid()
+                    t0 = time.perf_counter_ns()
+                    if n == 1:
+                        st = getattr(sess, op)(0, 0, seg, uid)
+                    else:
+                        st = getattr(sess, "batch_" + op)(offs, offs, [seg] * n, uid)
+                    st.Wait()
+                    dt = time.perf_counter_ns() - t0
+                    assert st.Succeeded(), st.Message()
+                    return dt
+
+                for mode in MODES:  # warm up, and check the bytes arrive
+                    once(mode)
+                    e, local, sess = pairs[mode]
+                    if op == "write":
+                        saved = local[: seg * n].clone()
+                        local[: seg * n].zero_()
+                        sess.read(0, 0, seg * n, sess.allocate_transfer_uid()).Wait()
+                        assert torch.equal(local[: seg * n], saved)
+                times = {m: [] for m in MODES}
+                for i in range(args.iters):
+                    order = MODES if i % 2 == 0 else MODES[::-1]
+                    for mode in order:
+                        times[mode].append(once(mode))
+                gbps = {m: seg * n / statistics.median(times[m]) for m in MODES}
+                row = dict(case=name, op=op, iters=args.iters,
+                           open_gbps=gbps["open"], secret_gbps=gbps["secret"],
+                           open_mean_gbps=seg * n * len(times["open"]) / sum(times["open"]),
+                           secret_mean_gbps=seg * n * len(times["secret"]) / sum(times["secret"]),
+                           ratio=gbps["secret"] / gbps["open"])
+                rows.append(row)
+                b = "second open pair (A/A control)" if args.aa else "with a secret"
+                print(f"{name} {op}: open {gbps['open']:.3f} GB/s, {b} {gbps['secret']:.3f} GB/s "
+                      f"(medians), ratio {row['ratio']:.3f}")
+    finally:
+        for e, _, _ in pairs.values():
+            e.shutdown()
+        conn.send("exit")
+        proc.join(30)
+
     out = dict(
-        command=" ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-        machine=f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
+        command=" ".join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:]),
+        machine=f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        aa_control=args.aa,
         handshake=hs,
         throughput=rows,
+        note="GB/s = bytes / median transfer time (1 GB = 1e9 B); ratio = with a secret / open, same run",
     )
     if args.json:
         with open(args.json, "w") as f:

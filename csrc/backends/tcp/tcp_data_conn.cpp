@@ -102,11 +102,17 @@ void DataConn::Break(const std::string& reason, StatusCode code) {
     cv_.notify_all();
   }
   {
-    // Reset, not just shut down: the target must see the abort before it
-    // receives anything more into registered memory (tcp_protocol.h, fence),
-    // even when its receive buffer is full and a FIN would queue behind data.
+    // With requests outstanding, reset, not just shut down: the target must
+    // see the abort before it receives anything more into registered memory
+    // (tcp_protocol.h, fence), even when its receive buffer is full and a FIN
+    // would queue behind data. With none (every request was answered), a
+    // plain close.
     std::lock_guard<std::mutex> lk(mu_);
-    sock_.Abort();
+    if (failed.empty()) {
+      sock_.Shutdown();
+    } else {
+      sock_.Abort();
+    }
   }
   if (!failed.empty()) {
     MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
