@@ -146,8 +146,9 @@ TEST_F(EnqueueTest, CapturedReadReplaysWithEachReplaysBlockTable) {
   StatusCode code;
   EXPECT_EQ(TakeError(&code), "");
   stream_->Destroy(std::move(graph));
-  EXPECT_TRUE(PollUntil([&] { return service.Watched() == watched; }, kWaitMs)) << "captured slot not freed";
-  EXPECT_EQ(service.Leased(), leased);
+  // (Slots of earlier tests may still drain: poll both counts.)
+  EXPECT_TRUE(PollUntil([&] { return service.Watched() <= watched && service.Leased() == leased; }, kWaitMs))
+      << "captured slot not freed";
 }
 
 TEST_F(EnqueueTest, HostListsAreRefusedUnderCapture) {
