@@ -134,3 +134,84 @@ class RemoteTarget:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5)
+
+
+# ---- rendezvous: real etcd and TCPStore ------------------------------------
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdServer:
+    """Debian's etcd-server on free loopback ports, in a temporary data dir;
+    kill() and start() simulate a crash and a restart (same data unless
+    fresh=True)."""
+
+    def __init__(self, data_dir):
+        import shutil
+
+        self.binary = shutil.which("etcd")
+        if self.binary is None:
+            pytest.fail("etcd is not installed: scripts/setup.sh installs Debian's etcd-server")
+        self.data_dir = str(data_dir)
+        self.port, self.peer_port = free_port(), free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self, fresh: bool = False):
+        import shutil
+        import subprocess
+        import time
+        import urllib.request
+
+        if fresh:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = open(self.data_dir + ".log", "ab")
+        self.proc = subprocess.Popen(
+            [self.binary, "--name", "t", "--data-dir", self.data_dir, "--listen-client-urls", self.endpoint,
+             "--advertise-client-urls", self.endpoint, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"t={peer}"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.endpoint + "/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.kill()
+        pytest.fail(f"etcd did not become healthy at {self.endpoint}; see {self.data_dir}.log")
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory):
+    srv = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
+    srv.start()
+    yield srv
+    srv.kill()
+
+
+def make_directory(kind: str, address: str, namespace: str, ttl_s: float, **kw):
+    """A directory of `kind` ("tcpstore": address host:port of a TCPStore
+    server; "etcd": its endpoint URL) as a client."""
+    from mori_torch.rendezvous import EtcdDirectory, TorchStoreDirectory
+
+    if kind == "etcd":
+        return EtcdDirectory(namespace, address, ttl_s=ttl_s, **kw)
+    host, port = address.rsplit(":", 1)
+    return TorchStoreDirectory(namespace, host=host, port=int(port), ttl_s=ttl_s, **kw)
