@@ -8,12 +8,14 @@ deregistration with "peer left") is decided here, once for both stores.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
+import weakref
 from typing import Callable, Dict, Mapping, Optional
 
 from ..io import EngineDesc, IOEngine, MemoryDesc
@@ -23,6 +25,19 @@ from .record import (Entry, LookupTimeout, MalformedEntryError, RendezvousError,
 log = logging.getLogger("mori_torch.rendezvous")
 
 _POLL_S = 0.05  # how often lookups and takeovers re-read the store
+
+# Directories still open at interpreter exit remove their entries then, so a
+# process that ends without close() is not listed until its TTL runs out.
+_open_directories: "weakref.WeakSet[Directory]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_directories() -> None:
+    for d in list(_open_directories):
+        try:
+            d.close()
+        except Exception as e:  # exiting anyway: report, go on with the rest
+            log.warning("closing the rendezvous directory at exit: %s", e)
 
 
 class Peer:
@@ -83,6 +98,7 @@ class Directory:
         self._peers: Dict[str, Peer] = {}
         self._on_change: Dict[str, Callable[[Peer], None]] = {}
         self._closed = False
+        _open_directories.add(self)
 
     # ---- store primitives, implemented by each store --------------------
 

@@ -139,69 +139,20 @@ class RemoteTarget:
 # ---- rendezvous: real etcd and TCPStore ------------------------------------
 
 def free_port() -> int:
-    import socket
+    from mori_torch.rendezvous.local_etcd import free_port as _free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class EtcdServer:
-    """Debian's etcd-server on free loopback ports, in a temporary data dir;
-    kill() and start() simulate a crash and a restart (same data unless
-    fresh=True)."""
-
-    def __init__(self, data_dir):
-        import shutil
-
-        self.binary = shutil.which("etcd")
-        if self.binary is None:
-            pytest.fail("etcd is not installed: scripts/setup.sh installs Debian's etcd-server")
-        self.data_dir = str(data_dir)
-        self.port, self.peer_port = free_port(), free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = None
-
-    def start(self, fresh: bool = False):
-        import shutil
-        import subprocess
-        import time
-        import urllib.request
-
-        if fresh:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        self.log = open(self.data_dir + ".log", "ab")
-        self.proc = subprocess.Popen(
-            [self.binary, "--name", "t", "--data-dir", self.data_dir, "--listen-client-urls", self.endpoint,
-             "--advertise-client-urls", self.endpoint, "--listen-peer-urls", peer,
-             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"t={peer}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.endpoint + "/health", timeout=1) as r:
-                    if b'"true"' in r.read():
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.kill()
-        pytest.fail(f"etcd did not become healthy at {self.endpoint}; see {self.data_dir}.log")
-
-    def kill(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
+    return _free_port()
 
 
 @pytest.fixture(scope="module")
 def etcd_server(tmp_path_factory):
-    srv = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
-    srv.start()
+    """Debian's etcd-server on free loopback ports (scripts/setup.sh installs it)."""
+    from mori_torch.rendezvous.local_etcd import LocalEtcd
+
+    try:
+        srv = LocalEtcd(str(tmp_path_factory.mktemp("etcd") / "data")).start()
+    except RuntimeError as e:
+        pytest.fail(str(e))
     yield srv
     srv.kill()
 

@@ -36,6 +36,14 @@ def ns():
     return "t" + uuid.uuid4().hex[:10]
 
 
+def read_all(engine, remote: MemoryDesc) -> torch.Tensor:
+    """Reads the whole of a looked-up remote memory into a new tensor."""
+    local = torch.zeros(remote.size, dtype=torch.uint8)
+    wait_ok(engine.read(engine.register_torch_tensor(local), 0, remote, 0, remote.size,
+                        engine.allocate_transfer_uid()))
+    return local
+
+
 class PeerProcess:
     """rendezvous_peer.py: an engine that publishes itself from its own process."""
 
@@ -129,11 +137,7 @@ def test_three_processes_wait_for_a_late_engine(store, procs):
         waiter.join(60)
         peers = {"prefill-a": d.connect(engine, "prefill-a", 10), "prefill-b": late["peer"]}
         for key, seed in (("prefill-a", 3), ("prefill-b", 4)):
-            remote = peers[key].memories["kv"]
-            local = torch.zeros(remote.size, dtype=torch.uint8)
-            wait_ok(engine.read(engine.register_torch_tensor(local), 0, remote, 0, remote.size,
-                                engine.allocate_transfer_uid()))
-            assert torch.equal(local, pattern(remote.size, seed)), key
+            assert torch.equal(read_all(engine, peers[key].memories["kv"]), pattern(1 << 20, seed)), key
     engine.shutdown()
 
 
@@ -185,10 +189,7 @@ def test_killed_engine_restarted_under_same_key_is_picked_up(store, procs):
         assert procs[1].incarnation != first
         assert peer.wait_incarnation(first, TTL_S * 2 + 10), peer
         assert peer.incarnation == procs[1].incarnation and changes[-1] == (True, procs[1].incarnation)
-        remote = peer.memories["kv"]
-        local = torch.zeros(remote.size, dtype=torch.uint8)
-        wait_ok(engine.read(engine.register_torch_tensor(local), 0, remote, 0, remote.size, 1))
-        assert torch.equal(local, pattern(remote.size, 7))
+        assert torch.equal(read_all(engine, peer.memories["kv"]), pattern(1 << 20, 7))
     engine.shutdown()
 
 
@@ -209,10 +210,7 @@ def test_etcd_killed_and_restarted_keep_alive_recovers(etcd_server, procs):
         assert peer.alive and procs[0].ask("status", "STATUS") == ["True", "0"]
         time.sleep(6)  # past the TTL: keep-alive really did resume
         assert d.lookup("prefill-e").incarnation == procs[0].incarnation and peer.alive
-        remote = peer.memories["kv"]
-        local = torch.zeros(remote.size, dtype=torch.uint8)
-        wait_ok(engine.read(engine.register_torch_tensor(local), 0, remote, 0, remote.size, 1))
-        assert torch.equal(local, pattern(remote.size, 8))
+        assert torch.equal(read_all(engine, peer.memories["kv"]), pattern(1 << 20, 8))
 
         # etcd comes back without its data (lease lost): the engine publishes
         # itself again and says so; peers see the same incarnation again.
@@ -314,3 +312,20 @@ def test_entry_holds_descriptors_only(store):
                             "memories"}
         assert MemoryDesc.unpack(__import__("base64").b64decode(doc["memories"]["kv"])).size == 8
     engine.shutdown()
+
+
+def test_process_exiting_without_close_removes_its_entry(store):
+    namespace = ns()
+    code = f"""
+import sys; sys.path.insert(0, {HERE!r})
+from conftest import make_directory, make_engine
+e = make_engine("noclose")
+d = make_directory({store[0]!r}, {store[1]!r}, {namespace!r}, 30)
+d.publish(e, {{}})
+print(e.key, flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=HERE)
+    assert r.returncode == 0, r.stderr
+    with make_directory(*store, namespace, TTL_S) as d:
+        with pytest.raises(LookupTimeout):  # gone at once, not after the 30 s TTL
+            d.lookup(r.stdout.split()[0])
