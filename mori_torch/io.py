@@ -454,6 +454,9 @@ class IOEngine:
         # Registered tensors stay alive until deregistered: the engine may
         # touch their memory at any time.
         self._tensors: Dict[int, torch.Tensor] = {}
+        # Called first thing in shutdown(): rendezvous directories take the
+        # engine's entry out, so peers never look up an engine that is gone.
+        self._shutdown_hooks: List = []
 
     @property
     def key(self) -> str:
@@ -595,5 +598,10 @@ class IOEngine:
 
     def shutdown(self) -> None:
         """Ends in-flight transfers with an error and stops the engine's threads."""
+        hooks, self._shutdown_hooks = self._shutdown_hooks, []
+        for hook in hooks:
+            fn = hook()  # weak references: a hook never keeps its owner alive
+            if fn is not None:
+                fn()
         self._e.shutdown()
         self._tensors.clear()

@@ -179,6 +179,7 @@ class Directory:
                                           f"waited {wait_s:.1f}s for it to leave")
             self._published, self._published_bytes = entry, data
             self._start_keep_alive()
+            engine._shutdown_hooks.append(weakref.WeakMethod(self._unpublish_on_engine_shutdown))
         log.info("published engine %r in namespace %r on %s (%d memories)", key, self.namespace, self.store_name,
                  len(entry.memories))
 
@@ -194,6 +195,12 @@ class Directory:
             self._replace(entry.key, data, None)
         except RendezvousError as e:
             log.warning("unpublish %r: %s (the entry expires by itself within %.1fs)", entry.key, e, self.ttl_s)
+
+    def _unpublish_on_engine_shutdown(self) -> None:
+        try:
+            self.unpublish()
+        except Exception as e:  # shutting the engine down goes on regardless
+            log.warning("removing the directory entry at engine shutdown: %s", e)
 
     @property
     def published(self) -> bool:

@@ -329,3 +329,43 @@ print(e.key, flush=True)
     with make_directory(*store, namespace, TTL_S) as d:
         with pytest.raises(LookupTimeout):  # gone at once, not after the 30 s TTL
             d.lookup(r.stdout.split()[0])
+
+
+def test_any_torch_distributed_store_works(tmp_path):
+    """A FileStore wrapped in a PrefixStore (as a process group's store
+    often is) serves two directories, one publishing, one connecting."""
+    import torch.distributed as dist
+
+    base = dist.FileStore(str(tmp_path / "store"), -1)
+    a, b = make_engine("fsa"), make_engine("fsb")
+    with TorchStoreDirectory("fs", dist.PrefixStore("pg0", base)) as da, \
+            TorchStoreDirectory("fs", dist.PrefixStore("pg0", base)) as db:
+        buf = pattern(4096, 9)
+        da.publish(a, {"buf": a.register_torch_tensor(buf)})
+        peer = db.connect(b, a.key, timeout_s=5)
+        assert torch.equal(read_all(b, peer.memories["buf"]), buf)
+        a.shutdown()  # takes the entry out of the directory first
+        assert peer.wait_left(5) and "shut down" in peer.left_reason and not da.published
+    with pytest.raises(TypeError, match="torch.distributed.Store"):
+        TorchStoreDirectory("fs", store="not a store")
+    a.shutdown()
+    b.shutdown()
+
+
+def test_publish_rejects_bad_memories(store):
+    e, other = make_engine("bad"), make_engine("other")
+    with make_directory(*store, ns(), TTL_S) as d:
+        with pytest.raises(TypeError, match="memories must be a mapping"):
+            d.publish(e, [1, 2])
+        with pytest.raises(TypeError, match=r"memories\['kv'\] must be a MemoryDesc, got int"):
+            d.publish(e, {"kv": 5})
+        foreign = other.register_torch_tensor(torch.zeros(8, dtype=torch.uint8))
+        with pytest.raises(ValueError, match=f"memories\\['kv'\\] belongs to engine '{other.key}'"):
+            d.publish(e, {"kv": foreign})
+        with pytest.raises(TypeError, match="engine must be an IOEngine"):
+            d.publish("engine")
+        assert not d.published  # nothing half-published
+        with pytest.raises(ValueError, match="timeout_s must be a non-negative number"):
+            d.lookup("x", timeout_s=-1)
+    e.shutdown()
+    other.shutdown()
