@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/engine.h"
-#include "core/stream_doorbell.h"
+#include "stream/doorbell.h"
 #include "test_util.h"
 
 namespace mori_torch {
