@@ -53,9 +53,10 @@ def real_mori_location():
         if find is None:
             continue
         spec = find("mori", None)
-        if spec is not None:
-            locs = list(spec.submodule_search_locations or [])
-            return spec.origin if spec.origin not in (None, "namespace") else (locs[0] if locs else spec.name)
+        # A bare folder named mori (a namespace package: no origin) is not
+        # amd-mori; a module or a package with an __init__ is.
+        if spec is not None and spec.origin not in (None, "namespace"):
+            return spec.origin
     return None
 
 

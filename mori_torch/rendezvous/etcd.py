@@ -111,16 +111,17 @@ class EtcdDirectory(Directory):
         if self._lease is None:
             self._lease = self._grant(client)
         k = _b64(self._k(key))
-        while True:
-            r = self._txn(client, [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
-                          [{"request_put": {"key": k, "value": _b64(value), "lease": self._lease}}],
-                          [{"request_range": {"key": k}}])
-            if r.get("succeeded"):
-                return None
-            kvs = r["responses"][0]["response_range"].get("kvs", [])
-            if kvs:
-                return base64.b64decode(kvs[0].get("value", ""))
-            # deleted between compare and range: try again
+        # One transaction: put if absent, else read what is there (atomic, so
+        # the read finds the entry that made the compare fail).
+        r = self._txn(client, [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                      [{"request_put": {"key": k, "value": _b64(value), "lease": self._lease}}],
+                      [{"request_range": {"key": k}}])
+        if r.get("succeeded"):
+            return None
+        kvs = r["responses"][0]["response_range"].get("kvs", [])
+        if not kvs:
+            raise RendezvousError(f"etcd txn at {self.endpoint}: create of {key!r} failed but nothing is there")
+        return base64.b64decode(kvs[0].get("value", ""))
 
     def _create(self, key: str, value: bytes) -> Optional[bytes]:
         return self._create_with(self._client, key, value)

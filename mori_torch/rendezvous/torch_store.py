@@ -149,6 +149,7 @@ class TorchStoreDirectory(Directory):
 
     def _watch_loop(self) -> None:
         interval = min(0.25, self.ttl_s / 8)
+        failing = False  # log a store outage once, not every interval
         while not self._stop.wait(interval):
             with self._lock:
                 items = list(self._watched.items())
@@ -169,8 +170,16 @@ class TorchStoreDirectory(Directory):
                         since = time.monotonic()
                         self._entry_changed(key, data, "its entry was removed (it shut down)")
                 except RendezvousError as e:
-                    log.warning("watching %r: %s", key, e)
+                    # The store is down: nobody can be judged gone meanwhile.
+                    if not failing:
+                        log.warning("watching %r: %s; peers are not judged until the store answers again", key, e)
+                    failing = True
+                    with self._lock:  # an outage does not count against the peer's heartbeat
+                        self._watched[key] = (last, count, time.monotonic())
                     continue
+                if failing:
+                    log.warning("the torch.distributed store answers again")
+                    failing = False
                 with self._lock:
                     self._watched[key] = (data, count, since)
 

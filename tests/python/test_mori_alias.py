@@ -173,3 +173,10 @@ def test_fabric_backend_exists_and_is_refused_clearly():
             e.create_backend(BackendType.FABRIC)
     finally:
         e.shutdown()
+
+
+def test_a_bare_folder_named_mori_is_not_a_real_mori(tmp_path):
+    (tmp_path / "mori").mkdir()  # e.g. a data folder in the working directory: no __init__.py
+    r = run_py("import mori.io, mori_torch.io; print(mori.io.IOEngine is mori_torch.io.IOEngine)",
+               {"MORI_TORCH_MORI_ALIAS": "1", "PYTHONPATH": str(tmp_path)})
+    assert r.stdout.strip() == "True", r.stdout + r.stderr
