@@ -83,7 +83,10 @@ DoorbellSlot::DoorbellSlot(size_t entries, size_t staging_bytes) : entries_(entr
   staging_memory_ = std::make_shared<LocalMemory>(std::move(d));
 }
 
-DoorbellSlot::~DoorbellSlot() { FreeHostWords(base_, bytes_, pinned_); }
+DoorbellSlot::~DoorbellSlot() {
+  if (scratch_ && free_scratch_) free_scratch_(scratch_, scratch_domain_);
+  FreeHostWords(base_, bytes_, pinned_);
+}
 
 DoorbellService& DoorbellService::Instance() {
   // Never destroyed: captured graphs may ring it until the process ends.
@@ -107,13 +110,14 @@ void DoorbellService::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::shared_ptr<DoorbellSlot> DoorbellService::Acquire(size_t entries, size_t staging_bytes) {
+std::shared_ptr<DoorbellSlot> DoorbellService::Acquire(size_t entries, size_t staging_bytes, int domain) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     size_t best = free_.size();
     for (size_t i = 0; i < free_.size(); ++i) {
       const DoorbellSlot& s = *free_[i];
       if (s.entries() < entries || s.staging_bytes() < staging_bytes) continue;
+      if (staging_bytes > 0 && s.scratch_ && s.scratch_domain_ != domain) continue;
       if (best == free_.size() || s.staging_bytes() < free_[best]->staging_bytes()) best = i;
     }
     if (best != free_.size()) {

@@ -82,6 +82,12 @@ class DoorbellSlot {
   }
   char* base() const { return base_; }
   uint64_t reach_base_ = 0;  // set by the enqueue path on the user's thread
+  // Device memory of staging_bytes() on device scratch_domain_ where the
+  // stream packs pages before the DMA into staging (and unpacks after it);
+  // made by the enqueue path on first staged use, freed with the slot.
+  void* scratch_ = nullptr;
+  int scratch_domain_ = -2;
+  void (*free_scratch_)(void*, int) = nullptr;
 
   // The transfer, set by the op before Watch. segs' array pointers point
   // into list(...) (host addresses) or are null.
@@ -124,7 +130,9 @@ class DoorbellService {
 
   // An idle slot whose lists hold at least `entries` values each and whose
   // staging holds at least `staging_bytes` (the smallest that fits).
-  std::shared_ptr<DoorbellSlot> Acquire(size_t entries, size_t staging_bytes = 0);
+  // A staged slot (staging_bytes > 0) also matches `domain`, the device its
+  // scratch lives on, or has no scratch yet.
+  std::shared_ptr<DoorbellSlot> Acquire(size_t entries, size_t staging_bytes = 0, int domain = -2);
   // Pools `count` idle slots of `entries` now, so that ops captured into a
   // graph later need no host-memory registration during the capture.
   void Reserve(size_t count, size_t entries, size_t staging_bytes = 0);

@@ -57,7 +57,7 @@ void LaunchOnPeer(const StreamTransfer& t, StreamDriver& stream) {
   a.local_base = t.local_base;
   a.local_size = t.local_size;
   a.error = t.errors ? t.errors->device_record() : nullptr;
-  if (!stream.native()) InvalidArgs("this session's backend copies on a GPU stream; none was given");
+  if (!stream.is_gpu_stream()) InvalidArgs("this session's backend copies on a GPU stream; none was given");
   const Session& s = *t.session;
   s.peer().LaunchOnStream(*s.local(), s.remote_desc(), a, stream.native());
 }
@@ -83,12 +83,14 @@ void TieToCapturedGraph(DoorbellSlot& slot, StreamDriver& stream) {
 }
 
 // The kernel arguments that move local pages to (pack) or from (unpack) the
-// slot's staging, reading the lists the stream copied into the slot.
+// slot's device scratch, reading the lists the stream copied into the slot.
+// The DMA engine moves the packed bytes between scratch and the pinned
+// staging: GPU loads from host-mapped memory are far slower.
 gpu::StreamCopyArgs StagingCopy(const StreamTransfer& t, const DoorbellSlot& slot) {
   gpu::StreamCopyArgs a = t.segs;
   a.local_base = t.local_base;
   a.local_size = t.local_size;
-  a.remote_base = slot.Reached(slot.staging());
+  a.remote_base = reinterpret_cast<uint64_t>(slot.scratch_);
   a.remote_size = slot.staging_bytes();
   a.remote_packed = true;
   a.local_offsets = HasList(t, 0) ? reinterpret_cast<const int64_t*>(slot.Reached(slot.list(0))) : nullptr;
@@ -102,8 +104,15 @@ gpu::StreamCopyArgs StagingCopy(const StreamTransfer& t, const DoorbellSlot& slo
 void RingDoorbell(const StreamTransfer& t, StreamDriver& stream, bool capturing, bool staged) {
   auto& service = DoorbellService::Instance();
   const size_t entries = HasList(t, 0) || HasList(t, 1) || HasList(t, 2) ? static_cast<size_t>(t.segs.count) : 0;
-  std::shared_ptr<DoorbellSlot> slot = service.Acquire(entries, staged ? StagingBytes(t) : 0);
+  const uint64_t staging_bytes = staged ? StagingBytes(t) : 0;
+  const int domain = staged ? stream.scratch_domain() : -2;
+  std::shared_ptr<DoorbellSlot> slot = service.Acquire(entries, staging_bytes, domain);
   if (slot->reach_base_ == 0) slot->reach_base_ = stream.Reach(slot->base());
+  if (staged && !slot->scratch_ && slot->staging_bytes() > 0) {
+    slot->scratch_ = stream.AllocScratch(slot->staging_bytes());
+    slot->scratch_domain_ = domain;
+    slot->free_scratch_ = stream.scratch_free();
+  }
   slot->session = t.session;
   slot->errors = t.errors;
   slot->is_read = t.is_read;
@@ -123,7 +132,7 @@ void RingDoorbell(const StreamTransfer& t, StreamDriver& stream, bool capturing,
       const size_t bytes = ListEntries(t, k) * sizeof(int64_t);
       if (t.list_on_device[k]) {
         enqueued = true;
-        stream.CopyToHost(slot->list(k), t.lists[k], bytes);
+        stream.Copy(slot->list(k), t.lists[k], bytes);
       } else if (bytes) {
         std::memcpy(slot->list(k), t.lists[k], bytes);
       }
@@ -138,15 +147,17 @@ void RingDoorbell(const StreamTransfer& t, StreamDriver& stream, bool capturing,
       }
       if (!t.is_read) {
         enqueued = true;
-        staging.is_read = false;  // local -> staging
+        staging.is_read = false;  // local -> scratch -> staging
         stream.CopySegments(staging);
+        if (staging_bytes) stream.Copy(slot->staging(), slot->scratch_, staging_bytes);
       }
     }
     enqueued = true;
     stream.WriteFlag(slot->ring(), 1);
     stream.WaitFlag(slot->done(), 1);
     if (staged && t.is_read) {
-      staging.is_read = true;  // staging -> local, unless the transfer failed
+      if (staging_bytes) stream.Copy(slot->scratch_, slot->staging(), staging_bytes);
+      staging.is_read = true;  // staging -> scratch -> local, unless the transfer failed
       staging.skip_flag = reinterpret_cast<const uint32_t*>(slot->Reached(slot->failed()));
       stream.CopySegments(staging);
     }

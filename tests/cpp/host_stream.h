@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -55,9 +56,14 @@ class HostStream : public StreamDriver {
 
   bool Capturing() override { return capture_ != nullptr; }
   uint64_t Reach(void* host) override { return reinterpret_cast<uint64_t>(host); }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+  void Copy(void* dst, const void* src, size_t bytes) override {
     Push([=] { std::memcpy(dst, src, bytes); });
   }
+  void* AllocScratch(size_t bytes) override { return std::calloc(1, bytes ? bytes : 1); }
+  ScratchFree scratch_free() override {
+    return [](void* p, int) { std::free(p); };
+  }
+  int scratch_domain() override { return -1; }
   void PackOffsets(const int64_t* sizes, int64_t stride, int64_t count, int64_t* packed) override {
     Push([=] {
       int64_t at = 0;
@@ -109,6 +115,7 @@ class HostStream : public StreamDriver {
     capture_->releases.emplace_back(release, context);
     return true;
   }
+  bool is_gpu_stream() const override { return false; }
   gpu::Stream native() override { return nullptr; }
 
   std::atomic<int> skipped_copies{0};
