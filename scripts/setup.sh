@@ -13,11 +13,12 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
 # torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check,
 # verbs headers (the RDMA backend compiles against them; libibverbs itself is
 # loaded at run time), OpenSSL 3's libcrypto (loaded at run time for peer
-# authentication), clang 15 with libFuzzer for the fuzz targets, and QEMU +
-# image tools for the Soft-RoCE test VM.
+# authentication), clang 15 with libFuzzer for the fuzz targets, QEMU + image
+# tools for the Soft-RoCE test VM, and etcd-server, which the rendezvous tests
+# start on a free loopback port.
 missing() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
 mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev \
-  libssl3 clang-15 libclang-common-15-dev)
+  etcd-server libssl3 clang-15 libclang-common-15-dev)
 # Without recommends: QEMU's would pull in a desktop stack.
 mapfile -t need_vm < <(missing qemu-system-x86 mmdebstrap cpio kmod xz-utils)
 if ((${#need[@]} + ${#need_vm[@]})); then
@@ -30,7 +31,8 @@ fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout
+# etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous").
+"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7"
 # --no-build-isolation: compile against the torch just installed, not a fresh one.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VENV/bin/pip" install -q --no-build-isolation -e .
 "$VENV/bin/python" -c "import mori_torch, torch; print('mori_torch built against torch', torch.__version__)"
