@@ -191,7 +191,11 @@ def test_wrong_or_missing_secret_on_the_initiator(guarded, initiator_secret, nee
         with pytest.raises(Exception, match=needle_here):
             init.create_session(ld, tgt.mem_desc)
         assert tgt.call("get", (0, 4096)) == before
-        assert needle_there in tgt.log.read_text()
+        # The target logs once it has read our refusal: maybe just after we failed.
+        deadline = time.time() + 10
+        while needle_there not in tgt.log.read_text():
+            assert time.time() < deadline, tgt.log.read_text()
+            time.sleep(0.05)
     finally:
         init.shutdown()
 
