@@ -1,7 +1,12 @@
 #include "core/control_plane.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cstring>
 
@@ -9,6 +14,15 @@
 #include "core/logging.h"
 
 namespace mori_torch {
+namespace {
+
+// Milliseconds left until `d`, at least 1 (0 would mean "do not wait").
+int MsLeft(Deadline d) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(left, 1 << 30)));
+}
+
+}  // namespace
 
 std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg) {
   ByteWriter w;
@@ -35,95 +49,218 @@ std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const Eng
   return std::move(w.bytes());
 }
 
-ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts)
-    : delegate_(delegate), opts_(opts) {}
+ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts, EventLoop* loop)
+    : delegate_(delegate),
+      opts_(opts),
+      loop_(loop),
+      limits_(std::make_shared<ConnectionLimits>(opts.caps)),
+      handlers_("control plane", opts.handler_threads) {}
 
-ControlPlaneServer::~ControlPlaneServer() { Stop(); }
+ControlPlaneServer::~ControlPlaneServer() {
+  Stop();
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
+}
 
 int ControlPlaneServer::Start(const std::string& host, int port) {
   int bound = 0;
   listener_ = Listen(host, port, &bound);
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  ::fcntl(listener_.fd(), F_SETFL, ::fcntl(listener_.fd(), F_GETFL) | O_NONBLOCK);
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  loop_->Add(listener_.fd(), EPOLLIN, -1, [this](uint32_t ev) { OnAcceptable(ev); });
+  loop_->Every(100, [this] { Housekeeping(); });
   return bound;
 }
 
 void ControlPlaneServer::Stop() {
   if (stopping_.exchange(true)) return;
-  listener_.Shutdown();
-  if (accept_thread_.joinable()) accept_thread_.join();
+  if (listener_.valid()) loop_->Remove(listener_.fd());
   listener_.Close();
-  std::list<std::unique_ptr<Conn>> conns;
+  std::unordered_map<int, ConnPtr> conns;
+  std::list<std::unique_ptr<BlockingData>> blocking;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& c : conns_) c->sock.Shutdown();
     conns.swap(conns_);
+    blocking.swap(blocking_);
   }
-  for (auto& c : conns) {
-    if (c->thread.joinable()) c->thread.join();
+  for (auto& kv : conns) {
+    loop_->Remove(kv.first);
+    kv.second->sock.Shutdown();  // ends a handler's blocking write at once
+  }
+  handlers_.Stop();
+  for (auto& b : blocking) b->sock.Shutdown();
+  for (auto& b : blocking) {
+    if (b->thread.joinable()) b->thread.join();
   }
 }
 
 size_t ControlPlaneServer::ConnectionCount() {
   std::lock_guard<std::mutex> lk(mu_);
-  ReapFinished();
-  return conns_.size();
+  size_t n = conns_.size();
+  for (auto& b : blocking_) n += b->done.load() ? 0 : 1;
+  return n;
 }
 
-void ControlPlaneServer::ReapFinished() {  // mu_ held
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    if ((*it)->done.load()) {
-      if ((*it)->thread.joinable()) (*it)->thread.join();
-      it = conns_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void ControlPlaneServer::AcceptLoop() {
-  while (!stopping_.load()) {
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE) {
-        MORI_LOG(Error, "control plane: accept: out of file descriptors");
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      if (!stopping_.load()) MORI_LOG(Error, "control plane: accept failed: " << std::strerror(errno));
-      return;
-    }
+void ControlPlaneServer::Housekeeping() {
+  if (stopping_.load()) return;
+  // Threads of finished blocking data connections are joined here.
+  std::list<std::unique_ptr<BlockingData>> finished;
+  {
     std::lock_guard<std::mutex> lk(mu_);
-    ReapFinished();
-    if (stopping_.load()) {
-      ::close(fd);
-      return;
+    for (auto it = blocking_.begin(); it != blocking_.end();) {
+      if ((*it)->done.load()) {
+        finished.push_back(std::move(*it));
+        it = blocking_.erase(it);
+      } else {
+        ++it;
+      }
     }
-    auto c = std::make_unique<Conn>();
-    c->sock = Socket(fd);
-    Conn* raw = c.get();
-    conns_.push_back(std::move(c));
-    raw->thread = std::thread([this, raw] {
-      Serve(raw);
-      // Tell the peer now: the fd itself is only closed when the connection
-      // is reaped (next accept), and Stop() may still shut it down, so it
-      // must not be closed (and its number reused) from this thread.
-      raw->sock.Shutdown();
-      raw->done.store(true);
-    });
+  }
+  for (auto& b : finished) b->thread.join();
+  // Out of descriptors a while ago: try again (it recovers by itself once
+  // descriptors are free).
+  if (accept_paused_.exchange(false)) {
+    if (reserve_fd_ < 0) reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    loop_->Rearm(listener_.fd(), EPOLLIN);
   }
 }
 
-void ControlPlaneServer::Serve(Conn* c) {
-  const int fd = c->sock.fd();
-  SetNoDelay(fd, true);
-  Frame hello;
-  IoResult r = ReadFrame(fd, &hello, opts_.hello_timeout_ms, opts_.frame_timeout_ms);
-  if (!r.ok) {
-    MORI_LOG(Warning, "control plane: closing new connection: " << r.error);
+bool ControlPlaneServer::DropOnePending() {
+  fd_drops_.fetch_add(1);
+  if (reserve_fd_ < 0) return false;
+  ::close(reserve_fd_);
+  reserve_fd_ = -1;
+  int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) ::close(fd);  // the peer sees the connection closed, not a hang
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0 && reserve_fd_ >= 0;
+}
+
+void ControlPlaneServer::OnAcceptable(uint32_t) {
+  // A bounded number per wake-up, so other sockets of the loop get their turn.
+  for (int i = 0; i < 64 && !stopping_.load(); ++i) {
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    int fd = ::accept4(listener_.fd(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      char ip[INET_ADDRSTRLEN] = "?";
+      ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+      AcceptOne(fd, ip);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      MORI_LOG(Error, "control plane: out of file descriptors (" << std::strerror(errno)
+                                                                  << "); dropping new connections until some are free");
+      if (!DropOnePending()) {
+        accept_paused_.store(true);  // Housekeeping re-arms the listener
+        return;
+      }
+      continue;
+    }
+    MORI_LOG(Error, "control plane: accept failed: " << std::strerror(errno));
+    accept_paused_.store(true);
     return;
   }
-  EngineDesc peer;
+  if (!stopping_.load()) loop_->Rearm(listener_.fd(), EPOLLIN);
+}
+
+void ControlPlaneServer::AcceptOne(int fd, const std::string& ip) {
+  Socket sock(fd);
+  std::string why;
+  auto ticket = limits_->Admit(ip, &why);
+  if (!ticket) {
+    MORI_LOG(Warning, "control plane: refusing a connection from " << ip << ": " << why);
+    return;  // closed: the peer sees it at once
+  }
+  SetNoDelay(fd, true);
+  auto c = std::make_shared<Conn>();
+  c->sock = std::move(sock);
+  c->ticket = std::move(ticket);
+  c->hello_deadline_ms = SteadyMs() + opts_.hello_timeout_ms;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_.load()) return;
+    conns_[fd] = c;
+  }
+  loop_->Add(fd, EPOLLIN | EPOLLRDHUP, opts_.hello_timeout_ms, [this, c](uint32_t ev) { OnConnEvent(c, ev); });
+}
+
+void ControlPlaneServer::Rearm(const ConnPtr& c) {
+  int64_t idle = opts_.idle_timeout_ms;
+  const int64_t now = SteadyMs();
+  if (c->stage == Stage::kHello) idle = std::max<int64_t>(1, c->hello_deadline_ms - now);
+  if (c->frame_started_ms >= 0) idle = std::max<int64_t>(1, c->frame_started_ms + opts_.frame_timeout_ms - now);
+  loop_->Rearm(c->sock.fd(), EPOLLIN | EPOLLRDHUP, idle);
+}
+
+void ControlPlaneServer::CloseConn(const ConnPtr& c, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = conns_.find(c->sock.fd());
+    if (it == conns_.end() || it->second != c) return;  // closed already (Stop)
+    conns_.erase(it);
+  }
+  if (!why.empty()) {
+    MORI_LOG(Warning, "control plane: closing connection from " << c->ticket->ip()
+                                                                 << (c->peer.key.empty() ? "" : " ('" + c->peer.key + "')")
+                                                                 << ": " << why);
+  }
+  loop_->Remove(c->sock.fd());
+  c->sock.Shutdown();  // the fd itself closes with the last reference to c
+}
+
+void ControlPlaneServer::OnConnEvent(const ConnPtr& c, uint32_t events) {
+  if (events == EventLoop::kIdle) {
+    if (c->frame_started_ms >= 0) return CloseConn(c, "peer stalled mid-frame");
+    if (c->stage == Stage::kHello) return CloseConn(c, "no Hello within " + std::to_string(opts_.hello_timeout_ms) + " ms");
+    MORI_LOG(Info, "control plane: closing idle connection from '" << c->peer.key << "'");
+    return CloseConn(c, "");
+  }
+  switch (c->reader.ReadSome(c->sock.fd())) {
+    case FrameReader::Step::kNeedMore:
+      if (c->reader.Started() && c->frame_started_ms < 0) c->frame_started_ms = SteadyMs();
+      if (c->frame_started_ms >= 0 && SteadyMs() - c->frame_started_ms > opts_.frame_timeout_ms) {
+        return CloseConn(c, "peer stalled mid-frame");
+      }
+      return Rearm(c);
+    case FrameReader::Step::kClosed:
+      return CloseConn(c, c->reader.Started() ? "peer closed the connection mid-frame" : "");
+    case FrameReader::Step::kError:
+      return CloseConn(c, c->reader.error());
+    case FrameReader::Step::kFrame:
+      break;
+  }
+  c->frame_started_ms = -1;
+  Frame f = c->reader.Take();
+  // Requests may wait (on backends, on the peer reading the reply): off the loop.
+  if (!handlers_.Post([this, c, f = std::move(f)]() mutable { HandleFrame(c, std::move(f)); })) {
+    CloseConn(c, "");
+  }
+}
+
+void ControlPlaneServer::HandleFrame(const ConnPtr& c, Frame f) {
+  const int fd = c->sock.fd();
+  if (c->stage == Stage::kHello) {
+    if (!EstablishConnection(c, f)) return CloseConn(c, "");
+    return;  // EstablishConnection re-armed it or handed it off
+  }
+  Frame reply;
+  bool keep = false;
+  try {
+    keep = delegate_->HandleControl(c->peer, c->ticket->ip(), f, &reply);
+  } catch (const Error& e) {
+    reply.type = FrameType::Error;
+    reply.payload = EncodeErrorPayload(e.code(), e.what());
+    keep = true;
+  }
+  if (!keep) return CloseConn(c, "unexpected frame type " + std::to_string(static_cast<int>(f.type)));
+  if (!WriteFrame(fd, reply.type, reply.payload, opts_.frame_timeout_ms).ok) return CloseConn(c, "");
+  Rearm(c);
+}
+
+bool ControlPlaneServer::EstablishConnection(const ConnPtr& c, const Frame& hello) {
+  const int fd = c->sock.fd();
   ConnectionKind kind;
   uint8_t backend = 0;
   try {
@@ -142,51 +279,59 @@ void ControlPlaneServer::Serve(Conn* c) {
     std::vector<uint8_t> desc(n > rd.remaining() ? rd.remaining() : n);
     rd.GetBytes(desc.data(), n, "engine desc");
     rd.ExpectEnd();
-    peer = EngineDesc::Unpack(desc.data(), desc.size());
+    c->peer = EngineDesc::Unpack(desc.data(), desc.size());
+    std::string why;
+    if (!limits_->BindPeer(*c->ticket, c->peer.key, &why)) throw Error(StatusCode::ERR_BAD_STATE, why);
     if (kind == ConnectionKind::Data) {
-      std::string why = delegate_->CanServeData(backend);
+      why = delegate_->CanServeData(backend);
       if (!why.empty()) throw Error(StatusCode::ERR_BAD_STATE, why);
     }
   } catch (const Error& e) {
-    MORI_LOG(Warning, "control plane: rejecting connection: " << e.what());
+    MORI_LOG(Warning, "control plane: rejecting connection from " << c->ticket->ip() << ": " << e.what());
     WriteFrame(fd, FrameType::Error, EncodeErrorPayload(e.code(), e.what()), opts_.frame_timeout_ms);
-    return;
+    return false;
   }
-  if (!WriteFrame(fd, FrameType::HelloAck, delegate_->SelfDesc().Pack(), opts_.frame_timeout_ms).ok) return;
-
+  // Handshake stage: a peer-authentication exchange runs here, before any
+  // descriptor is sent or request served.
+  if (!WriteFrame(fd, FrameType::HelloAck, delegate_->SelfDesc().Pack(), opts_.frame_timeout_ms).ok) return false;
+  c->stage = Stage::kServing;
   if (kind == ConnectionKind::Data) {
-    delegate_->ServeData(backend, peer, c->sock);
-    return;
+    HandOffData(c, backend);
+  } else {
+    Rearm(c);
   }
-  while (!stopping_.load()) {
-    Frame req, reply;
-    r = ReadFrame(fd, &req, -1, opts_.frame_timeout_ms);
-    if (!r.ok) {
-      if (r.error != "peer closed the connection" && !stopping_.load()) {
-        MORI_LOG(Warning, "control plane: closing connection from '" << peer.key << "': " << r.error);
-      }
-      return;
-    }
-    bool keep = false;
-    try {
-      keep = delegate_->HandleControl(peer, req, &reply);
-    } catch (const Error& e) {
-      reply.type = FrameType::Error;
-      reply.payload = EncodeErrorPayload(e.code(), e.what());
-      keep = true;
-    }
-    if (!keep) {
-      MORI_LOG(Warning, "control plane: closing connection from '" << peer.key << "': unexpected frame type "
-                                                                   << static_cast<int>(req.type));
-      return;
-    }
-    if (!WriteFrame(fd, reply.type, reply.payload, opts_.frame_timeout_ms).ok) return;
+  return true;
+}
+
+void ControlPlaneServer::HandOffData(const ConnPtr& c, uint8_t backend) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = conns_.find(c->sock.fd());
+    if (it == conns_.end() || it->second != c) return;  // Stop() took it
+    conns_.erase(it);
   }
+  loop_->Remove(c->sock.fd());
+  InboundConnection in{std::move(c->sock), std::move(c->ticket), opts_.idle_timeout_ms};
+  if (delegate_->AdoptData(backend, c->peer, in)) return;
+  auto b = std::make_unique<BlockingData>();
+  b->sock = std::move(in.sock);
+  b->ticket = std::move(in.ticket);
+  BlockingData* raw = b.get();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_.load()) return;
+  blocking_.push_back(std::move(b));
+  raw->thread = std::thread([this, raw, backend, peer = c->peer] {
+    delegate_->ServeData(backend, peer, raw->sock);
+    raw->sock.Shutdown();  // closed when joined (Stop() may still shut it down)
+    raw->done.store(true);
+  });
 }
 
 Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, ConnectionKind kind, uint8_t backend,
                             int timeout_ms) {
   const std::string where = "engine '" + remote.key + "' at " + remote.host + ":" + std::to_string(remote.port);
+  // One bound for connecting and the Hello exchange together.
+  const Deadline deadline = DeadlineAfterMs(timeout_ms);
   Socket s;
   try {
     s = Connect(remote.host, remote.port, timeout_ms);
@@ -194,9 +339,9 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
     throw Error(e.code(), where + ": " + e.what());
   }
   SetNoDelay(s.fd(), true);
-  IoResult r = WriteFrame(s.fd(), FrameType::Hello, EncodeHello(kind, backend, self), timeout_ms);
+  IoResult r = WriteFrame(s.fd(), FrameType::Hello, EncodeHello(kind, backend, self), MsLeft(deadline));
   Frame reply;
-  if (r.ok) r = ReadFrame(s.fd(), &reply, timeout_ms, timeout_ms);
+  if (r.ok) r = ReadFrameBy(s.fd(), &reply, deadline);
   if (!r.ok) throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
   if (reply.type != FrameType::HelloAck) {
@@ -213,11 +358,18 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
 Frame ControlClient::Call(FrameType type, const std::vector<uint8_t>& payload) {
   std::lock_guard<std::mutex> lk(mu_);
   const std::string where = "engine '" + remote_.key + "'";
+  // The whole call, a reconnect included, is bounded by one timeout: a hung
+  // peer costs timeout_ms, not a multiple of it.
+  const Deadline deadline = DeadlineAfterMs(timeout_ms_);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!sock_.valid()) sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, timeout_ms_);
+    if (attempt == 1 && MsLeft(deadline) <= 1) {
+      throw Error(StatusCode::ERR_BAD_STATE, where + ": control request failed: timed out after " +
+                                                 std::to_string(timeout_ms_) + " ms");
+    }
+    if (!sock_.valid()) sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, MsLeft(deadline));
     Frame reply;
-    IoResult r = WriteFrame(sock_.fd(), type, payload, timeout_ms_);
-    if (r.ok) r = ReadFrame(sock_.fd(), &reply, timeout_ms_, timeout_ms_);
+    IoResult r = WriteFrame(sock_.fd(), type, payload, MsLeft(deadline));
+    if (r.ok) r = ReadFrameBy(sock_.fd(), &reply, deadline);
     if (r.ok) {
       if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
       return reply;

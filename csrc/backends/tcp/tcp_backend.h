@@ -49,24 +49,31 @@ class TcpPeer : public BackendPeer {
 
 class TcpBackend : public Backend {
  public:
-  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)
-      : cfg_(cfg),
-        ctx_(ctx),
-        staging_(std::make_shared<gpu::StagingPool>(static_cast<uint64_t>(cfg.staging_chunk_bytes),
-                                                    static_cast<int>(cfg.staging_depth),
-                                                    static_cast<size_t>(2 * cfg.num_data_conns))) {}
+  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx);
   ~TcpBackend() override { Shutdown(); }
   BackendType Type() const override { return BackendType::TCP; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   void RemovePeer(const std::string& key) override;
   bool AcceptsDataConnections() const override { return true; }
-  void ServeData(const EngineDesc& peer, Socket& sock) override;
+  bool AdoptData(const EngineDesc& peer, InboundConnection& conn) override;
   void Shutdown() override;
 
  private:
+  // The target side of one inbound data connection. The event loop watches
+  // it while idle; a worker serves requests while they keep coming, then
+  // hands it back to the loop.
+  struct Inbound {
+    EngineDesc peer;
+    InboundConnection conn;
+    std::unique_ptr<gpu::StagingSet> staging;  // for GPU memory, taken on first use
+  };
+  using InboundPtr = std::shared_ptr<Inbound>;
+  void OnInboundEvent(const InboundPtr& in, uint32_t events);
+  void ServeReady(const InboundPtr& in);
+  void DropInbound(const InboundPtr& in);
   // Target side of one request; false ends the connection.
-  bool ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gpu::StagingSet>* staging);
+  bool ServeRequest(Inbound& in);
 
   const TcpConfig cfg_;
   const BackendContext ctx_;
@@ -74,8 +81,10 @@ class TcpBackend : public Backend {
   const std::shared_ptr<gpu::StagingPool> staging_;
   std::atomic<bool> shut_{false};
   PeerCache<TcpPeer> peers_;
+  // Serves requests of every inbound connection: a fixed number of threads.
+  std::unique_ptr<WorkerPool> serve_pool_;
   std::mutex inbound_mu_;
-  std::set<int> inbound_fds_;
+  std::unordered_map<int, InboundPtr> inbound_;
 };
 
 }  // namespace tcp

@@ -158,6 +158,7 @@ bool DataConn::Connect() {
   if (broken_) return false;
   sock_ = std::move(s);
   connected_ = true;
+  progress_ms_.store(SteadyMs());
   cv_.notify_all();
   return true;
 }
@@ -186,7 +187,9 @@ void DataConn::SendLoop() {
     IoResult r = SendBatch(batch);
     for (auto& p : batch) p->use.reset();
     if (!r.ok) {
-      Break(r.timed_out ? "send timed out after " + std::to_string(cfg_.op_timeout_ms) + " ms" : r.error);
+      Break(r.timed_out ? "send timed out: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
+                              ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
+                        : r.error);
       return;
     }
   }
@@ -194,7 +197,7 @@ void DataConn::SendLoop() {
 
 IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
   std::vector<iovec> iov;
-  const Deadline deadline = batch.front()->deadline;
+  const IoDeadline deadline = Bound(*batch.front());
   for (auto& p : batch) {
     iov.push_back({&p->hdr, sizeof(p->hdr)});
     if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});
@@ -227,12 +230,15 @@ void DataConn::RecvLoop() {
       if (broken_) return;
       head = inflight_.front();
     }
+    const IoDeadline bound = Bound(*head);
     // A response is at least kWireAlign bytes: its first ones hold the
     // header and the start of the message (or padding).
     alignas(8) char first[kWireAlign];
-    IoResult r = ReadFull(sock_.fd(), first, sizeof(first), head->deadline);
+    IoResult r = ReadFull(sock_.fd(), first, sizeof(first), bound);
     if (!r.ok) {
-      Break(r.timed_out ? "no response within op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) : r.error);
+      Break(r.timed_out ? "no response: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
+                              ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
+                        : r.error);
       return;
     }
     ResponseHeader rh;
@@ -244,7 +250,7 @@ void DataConn::RecvLoop() {
     constexpr size_t kFirstMsg = sizeof(first) - sizeof(rh);
     msg.assign(first + sizeof(rh), kFirstMsg);
     msg.resize(WireRound(sizeof(rh) + rh.msg_len) - sizeof(rh));  // message and padding
-    r = ReadFull(sock_.fd(), &msg[0] + kFirstMsg, msg.size() - kFirstMsg, head->deadline);
+    r = ReadFull(sock_.fd(), &msg[0] + kFirstMsg, msg.size() - kFirstMsg, bound);
     msg.resize(rh.msg_len);
     auto code = static_cast<StatusCode>(rh.code);
     if (r.ok && code == StatusCode::SUCCESS && head->op == Op::Read) {
@@ -257,8 +263,8 @@ void DataConn::RecvLoop() {
       if (use && OnGpu(use->desc)) {
         std::string gpu_error;
         r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true},
-                       head->deadline, &gpu_error);
-        if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), head->deadline);
+                       bound, &gpu_error);
+        if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), bound);
         if (!gpu_error.empty()) {
           code = StatusCode::ERR_GPU_OP;
           msg = "copying the read payload to GPU memory failed: " + gpu_error;
@@ -268,9 +274,9 @@ void DataConn::RecvLoop() {
         AppendIovecs(use->Base(), head->segs, true, &iov);
         char pad[kWireAlign];
         if (uint64_t n = WirePad(rh.payload_bytes)) iov.push_back({pad, n});
-        r = ReadVFull(sock_.fd(), iov, head->deadline);
+        r = ReadVFull(sock_.fd(), iov, bound);
       } else {
-        r = Discard(sock_.fd(), WireRound(rh.payload_bytes), head->deadline);
+        r = Discard(sock_.fd(), WireRound(rh.payload_bytes), bound);
         code = StatusCode::ERR_NOT_FOUND;
         msg = "local memory " + std::to_string(head->local->desc.id) + " was deregistered during the read";
       }
@@ -279,7 +285,7 @@ void DataConn::RecvLoop() {
       return;
     }
     if (!r.ok) {
-      Break(r.timed_out ? "read payload timed out" : r.error);
+      Break(r.timed_out ? "read payload timed out: " + r.error : r.error);
       return;
     }
     {

@@ -6,6 +6,7 @@
 // timeout breaks the connection and ends every request on it with an error.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -79,6 +80,9 @@ class DataConn {
   // Runs connect_; false (connection broken) if it failed.
   bool Connect();
   void Complete(Part& p, StatusCode code, const std::string& msg);
+  // The I/O bound of a request: its whole-operation deadline and the
+  // connection's inactivity timeout.
+  IoDeadline Bound(const Part& p) { return {p.deadline, cfg_.inactivity_timeout_ms, &progress_ms_}; }
 
   std::function<Socket()> connect_;
   Socket sock_;  // set once by Connect(), under mu_
@@ -89,6 +93,8 @@ class DataConn {
   std::condition_variable cv_;
   std::deque<PartPtr> send_q_;
   std::deque<PartPtr> inflight_;  // sent or being sent, in wire order
+  // Last byte moved in either direction (inactivity timeout, see TcpConfig).
+  std::atomic<int64_t> progress_ms_{0};
   bool broken_ = false;
   std::string broken_reason_;
   uint64_t next_req_id_ = 1;
