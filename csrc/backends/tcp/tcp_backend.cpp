@@ -21,7 +21,7 @@ bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, con
 
 std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
   return peers_.GetOrCreate(remote.key, [&] {
-    auto p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_, staging_);
+    auto p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_, staging_, workers_);
     if (shut_.load()) p->Close("TCP backend was removed");
     return p;
   });
@@ -40,6 +40,9 @@ TcpBackend::TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)
   int threads = static_cast<int>(cfg.serve_threads);
   if (threads == 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 4, 16);
   serve_pool_ = std::make_unique<WorkerPool>("TCP target", threads);
+  workers_.loop = ctx.loop;
+  workers_.senders = std::make_shared<WorkerPool>("TCP send", threads);
+  workers_.receivers = std::make_shared<WorkerPool>("TCP receive", threads);
 }
 
 void TcpBackend::Shutdown() {
@@ -55,6 +58,10 @@ void TcpBackend::Shutdown() {
     kv.second->conn.sock.Shutdown();  // ends a worker's blocking I/O on it at once
   }
   serve_pool_->Stop();
+  // Peers are closed: their connections are broken, and any job still
+  // running ends at once on its shut-down socket.
+  workers_.senders->Stop();
+  workers_.receivers->Stop();
   for (auto& kv : inbound) staging_->Give(std::move(kv.second->staging));
   staging_->Close();
 }

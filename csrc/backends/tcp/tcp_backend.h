@@ -25,7 +25,7 @@ namespace tcp {
 class TcpPeer : public BackendPeer {
  public:
   TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg,
-          std::shared_ptr<gpu::StagingPool> staging);
+          std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers);
   ~TcpPeer() override;
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
@@ -40,6 +40,7 @@ class TcpPeer : public BackendPeer {
   const EngineDesc remote_;
   const TcpConfig cfg_;
   const std::shared_ptr<gpu::StagingPool> staging_;
+  const DataConnWorkers workers_;
   std::atomic<bool> closed_{false};
   std::string close_reason_;
   std::mutex mu_;
@@ -81,7 +82,9 @@ class TcpBackend : public Backend {
   const std::shared_ptr<gpu::StagingPool> staging_;
   std::atomic<bool> shut_{false};
   PeerCache<TcpPeer> peers_;
-  // Serves requests of every inbound connection: a fixed number of threads.
+  // Fixed sets of threads for all connections, whatever their number:
+  // initiator sends and receives (workers_), target requests (serve_pool_).
+  DataConnWorkers workers_;
   std::unique_ptr<WorkerPool> serve_pool_;
   std::mutex inbound_mu_;
   std::unordered_map<int, InboundPtr> inbound_;
