@@ -122,6 +122,7 @@ void Engine::CreateBackend(BackendType type, const BackendConfig& config) {
 }
 
 void Engine::RemoveBackend(BackendType type) {
+  CheckAlive("remove_backend");
   if (!ValidBackendType(type)) {
     throw Error(StatusCode::ERR_INVALID_ARGS,
                 "remove_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
@@ -150,6 +151,7 @@ void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
 }
 
 void Engine::DeregisterRemoteEngine(const EngineDesc& desc) {
+  CheckAlive("deregister_remote_engine");
   {
     std::unique_lock<std::shared_mutex> lk(remotes_mu_);
     if (remotes_.erase(desc.key) == 0) {
@@ -208,6 +210,7 @@ MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, Mem
 }
 
 void Engine::DeregisterMemory(const MemoryDesc& desc) {
+  CheckAlive("deregister_memory");
   if (desc.engine_key != desc_.key) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "deregister_memory: memory " + std::to_string(desc.id) +
                                                   " belongs to engine '" + desc.engine_key + "', not '" +
@@ -251,6 +254,7 @@ void Engine::LookupRemoteMemory(const MemoryDesc& desc, FrameType type) {
 }
 
 void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
+  CheckAlive("validate_remote_memory");
   if (desc.engine_key == desc_.key) return;  // our own memory: checked locally
   LookupRemoteMemory(desc, FrameType::MemLookup);
 }
@@ -435,6 +439,7 @@ size_t Engine::MappedRemoteMemories() const {
 }
 
 bool Engine::PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid) {
+  CheckAlive("pop_inbound_transfer_status");
   return notices_.Pop(initiator_key, uid);
 }
 

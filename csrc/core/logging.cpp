@@ -1,5 +1,7 @@
 #include "core/logging.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,6 +107,13 @@ class LogSink {
   }
 
   void WriterLoop() {
+    // A stderr whose reader went away must not kill the process with
+    // SIGPIPE (a write from this thread raises it on this thread): blocked
+    // here, the write fails with EPIPE and the line is lost.
+    sigset_t pipe_only;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, nullptr);
     std::deque<std::string> batch;
     while (true) {
       {

@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include <poll.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -272,6 +274,13 @@ void DataConn::OnSocketEvent(uint32_t events) {
     auto self = shared_from_this();
     if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
     return;
+  }
+  // Bytes the peer acknowledged count as progress too: a request sent whole
+  // into the socket buffer still drains over a slow link.
+  int unsent = 0;
+  if (::ioctl(sock_.fd(), SIOCOUTQ, &unsent) == 0 && unsent != last_unsent_) {
+    last_unsent_ = unsent;
+    progress_ms_.store(SteadyMs());
   }
   std::string why;
   {
