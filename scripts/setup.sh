@@ -12,9 +12,12 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
 # System packages: a compiler toolchain, CMake + Ninja and GoogleTest for the
 # torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check,
 # verbs headers (the RDMA backend compiles against them; libibverbs itself is
-# loaded at run time) and QEMU + image tools for the Soft-RoCE test VM.
+# loaded at run time), QEMU + image tools for the Soft-RoCE test VM, clang
+# with its compiler-rt (libFuzzer, ASan/UBSan) for the fuzz targets, and
+# iproute2 + nftables for the fault tests in network namespaces.
 missing() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
-mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev)
+mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev \
+  clang-15 iproute2 nftables)
 # Without recommends: QEMU's would pull in a desktop stack.
 mapfile -t need_vm < <(missing qemu-system-x86 mmdebstrap cpio kmod xz-utils)
 if ((${#need[@]} + ${#need_vm[@]})); then

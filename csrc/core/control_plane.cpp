@@ -49,6 +49,26 @@ std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const Eng
   return std::move(w.bytes());
 }
 
+Hello DecodeHello(const Frame& f) {
+  if (f.type != FrameType::Hello) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "expected Hello, got frame type " + std::to_string(static_cast<int>(f.type)));
+  }
+  ByteReader rd(f.payload.data(), f.payload.size(), "Hello frame");
+  Hello h;
+  uint8_t k = rd.Get<uint8_t>("kind");
+  if (k != static_cast<uint8_t>(ConnectionKind::Control) && k != static_cast<uint8_t>(ConnectionKind::Data)) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "unknown connection kind " + std::to_string(k));
+  }
+  h.kind = static_cast<ConnectionKind>(k);
+  h.backend = rd.Get<uint8_t>("backend");
+  uint32_t n = rd.Get<uint32_t>("desc length");
+  std::vector<uint8_t> desc(n > rd.remaining() ? rd.remaining() : n);
+  rd.GetBytes(desc.data(), n, "engine desc");
+  rd.ExpectEnd();
+  h.peer = EngineDesc::Unpack(desc.data(), desc.size());
+  return h;
+}
+
 ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts, EventLoop* loop)
     : delegate_(delegate),
       opts_(opts),
@@ -264,22 +284,10 @@ bool ControlPlaneServer::EstablishConnection(const ConnPtr& c, const Frame& hell
   ConnectionKind kind;
   uint8_t backend = 0;
   try {
-    if (hello.type != FrameType::Hello) {
-      throw Error(StatusCode::ERR_INVALID_ARGS,
-                  "expected Hello, got frame type " + std::to_string(static_cast<int>(hello.type)));
-    }
-    ByteReader rd(hello.payload.data(), hello.payload.size(), "Hello frame");
-    uint8_t k = rd.Get<uint8_t>("kind");
-    if (k != static_cast<uint8_t>(ConnectionKind::Control) && k != static_cast<uint8_t>(ConnectionKind::Data)) {
-      throw Error(StatusCode::ERR_INVALID_ARGS, "unknown connection kind " + std::to_string(k));
-    }
-    kind = static_cast<ConnectionKind>(k);
-    backend = rd.Get<uint8_t>("backend");
-    uint32_t n = rd.Get<uint32_t>("desc length");
-    std::vector<uint8_t> desc(n > rd.remaining() ? rd.remaining() : n);
-    rd.GetBytes(desc.data(), n, "engine desc");
-    rd.ExpectEnd();
-    c->peer = EngineDesc::Unpack(desc.data(), desc.size());
+    Hello h = DecodeHello(hello);
+    kind = h.kind;
+    backend = h.backend;
+    c->peer = std::move(h.peer);
     std::string why;
     if (!limits_->BindPeer(*c->ticket, c->peer.key, &why)) throw Error(StatusCode::ERR_BAD_STATE, why);
     if (kind == ConnectionKind::Data) {

@@ -157,5 +157,12 @@ std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg)
 Error DecodeErrorPayload(const Frame& f, const std::string& where);
 // Payload of the Hello frame that opens every connection.
 std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self);
+struct Hello {
+  ConnectionKind kind = ConnectionKind::Control;
+  uint8_t backend = 0;
+  EngineDesc peer;
+};
+// Decodes a Hello frame; throws Error(ERR_INVALID_ARGS) naming what is wrong.
+Hello DecodeHello(const Frame& f);
 
 }  // namespace mori_torch
