@@ -24,7 +24,7 @@ def main():
     g = torch.Generator().manual_seed(args.seed)
     buf = torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=g)
     d = e.register_torch_tensor(buf)
-    print(bytes(e.get_engine_desc().pack().numpy()).hex(), bytes(d.pack().numpy()).hex(), flush=True)
+    print(e.get_engine_desc().pack().hex(), d.pack().hex(), flush=True)
     sys.stdin.read()
     e.shutdown()
 

@@ -50,7 +50,7 @@ def _target(conn, region: int, initiators: int, tcp: dict):
     buf = torch.zeros(region * (initiators + 1), dtype=torch.uint8)
     buf[:region] = _pattern(region, REF_SEED)
     d = e.register_torch_tensor(buf)
-    conn.send((bytes(e.get_engine_desc().pack().numpy()), bytes(d.pack().numpy())))
+    conn.send((e.get_engine_desc().pack(), d.pack()))
     conn.recv()  # until the initiators are done
     e.shutdown()
 
@@ -60,8 +60,8 @@ def _initiator(idx: int, target_desc: bytes, mem_desc: bytes, region: int, secon
     rng = random.Random(seed * 1000 + idx)
     e = IOEngine(f"soak-init-{idx}-{os.getpid()}", IOEngineConfig("127.0.0.1", 0))
     e.create_backend(BackendType.TCP, TcpBackendConfig(**tcp))
-    td = EngineDesc.unpack(torch.frombuffer(bytearray(target_desc), dtype=torch.uint8))
-    rd = MemoryDesc.unpack(torch.frombuffer(bytearray(mem_desc), dtype=torch.uint8))
+    td = EngineDesc.unpack(target_desc)
+    rd = MemoryDesc.unpack(mem_desc)
     e.register_remote_engine(td)
     src = torch.zeros(region, dtype=torch.uint8)
     dst = torch.zeros(region, dtype=torch.uint8)

@@ -32,7 +32,7 @@ SEED = 3
 
 
 def _unpack(cls, b: bytes):
-    return cls.unpack(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+    return cls.unpack(b)
 
 
 class Target:

@@ -6,13 +6,20 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
 
-from conftest import Pair, make_engine, wait_ok
-from mori_torch.io import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, TcpBackendConfig
+from conftest import Pair, make_engine, unique_key, wait_ok
+from mori_torch.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    TcpBackendConfig,
+)
 
 
 def test_every_call_after_shutdown_raises():
@@ -67,12 +74,14 @@ def test_misuse_raises_value_or_type_error():
         p.init.deregister_remote_engine(make_engine("never-registered").get_engine_desc())
     with pytest.raises(TypeError):
         p.init.create_session(p.local_desc, "remote")
-    with pytest.raises(ValueError):
-        p.init.create_backend(BackendType.TCP, TcpBackendConfig(inactivity_timeout_ms=0))
+    fresh = IOEngine(unique_key("fresh"), IOEngineConfig("127.0.0.1", 0))
+    with pytest.raises(ValueError, match="inactivity_timeout_ms"):
+        fresh.create_backend(BackendType.TCP, TcpBackendConfig(inactivity_timeout_ms=0))
     with pytest.raises(TypeError):
-        p.init.create_backend(BackendType.TCP, TcpBackendConfig(serve_threads="many"))
+        fresh.create_backend(BackendType.TCP, TcpBackendConfig(serve_threads="many"))
+    fresh.shutdown()
     with pytest.raises(ValueError):
-        MemoryDesc.unpack(torch.zeros(5, dtype=torch.uint8))
+        MemoryDesc.unpack(b"\x00" * 5)
     p.close()
 
 
@@ -96,7 +105,7 @@ _STALLED_STDERR_TARGET = textwrap.dedent(
     e.create_backend(BackendType.TCP)
     buf = torch.zeros(1 << 16, dtype=torch.uint8)
     d = e.register_torch_tensor(buf)
-    print(e.get_engine_desc().port, bytes(e.get_engine_desc().pack().numpy()).hex(), bytes(d.pack().numpy()).hex(),
+    print(e.get_engine_desc().port, e.get_engine_desc().pack().hex(), d.pack().hex(),
           flush=True)
     sys.stdin.readline()  # the parent has abused the control plane
     t0 = time.monotonic()
@@ -119,8 +128,8 @@ def test_engine_with_a_stderr_nobody_reads_serves_and_shuts_down():
                 s.sendall(b"\xee" * 4096)
         # Still serving: verified bytes in and out of its memory.
         e = make_engine("probe")
-        e.register_remote_engine(EngineDesc.unpack(torch.frombuffer(bytearray.fromhex(desc_hex), dtype=torch.uint8)))
-        remote = MemoryDesc.unpack(torch.frombuffer(bytearray.fromhex(mem_hex), dtype=torch.uint8))
+        e.register_remote_engine(EngineDesc.unpack(bytes.fromhex(desc_hex)))
+        remote = MemoryDesc.unpack(bytes.fromhex(mem_hex))
         src = torch.arange(4096, dtype=torch.int32).view(torch.uint8)[:8192].clone()
         back = torch.zeros(8192, dtype=torch.uint8)
         sd, bd = e.register_torch_tensor(src), e.register_torch_tensor(back)
