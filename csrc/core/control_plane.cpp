@@ -86,6 +86,7 @@ int ControlPlaneServer::Start(const std::string& host, int port) {
   listener_ = Listen(host, port, &bound);
   ::fcntl(listener_.fd(), F_SETFL, ::fcntl(listener_.fd(), F_GETFL) | O_NONBLOCK);
   reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  listen_fd_.store(listener_.fd());
   loop_->Add(listener_.fd(), EPOLLIN, -1, [this](uint32_t ev) { OnAcceptable(ev); });
   loop_->Every(100, [this] { Housekeeping(); });
   return bound;
@@ -93,6 +94,7 @@ int ControlPlaneServer::Start(const std::string& host, int port) {
 
 void ControlPlaneServer::Stop() {
   if (stopping_.exchange(true)) return;
+  listen_fd_.store(-1);
   if (listener_.valid()) loop_->Remove(listener_.fd());
   listener_.Close();
   std::unordered_map<int, ConnPtr> conns;
@@ -140,7 +142,8 @@ void ControlPlaneServer::Housekeeping() {
   // descriptors are free).
   if (accept_paused_.exchange(false)) {
     if (reserve_fd_ < 0) reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    loop_->Rearm(listener_.fd(), EPOLLIN);
+    const int fd = listen_fd_.load();
+    if (fd >= 0) loop_->Rearm(fd, EPOLLIN);
   }
 }
 
@@ -203,7 +206,11 @@ void ControlPlaneServer::AcceptOne(int fd, const std::string& ip) {
     if (stopping_.load()) return;
     conns_[fd] = c;
   }
-  loop_->Add(fd, EPOLLIN | EPOLLRDHUP, opts_.hello_timeout_ms, [this, c](uint32_t ev) { OnConnEvent(c, ev); });
+  try {
+    loop_->Add(fd, EPOLLIN | EPOLLRDHUP, opts_.hello_timeout_ms, [this, c](uint32_t ev) { OnConnEvent(c, ev); });
+  } catch (const Error& e) {
+    CloseConn(c, e.what());
+  }
 }
 
 void ControlPlaneServer::Rearm(const ConnPtr& c) {

@@ -121,6 +121,7 @@ class ControlPlaneServer {
   std::shared_ptr<ConnectionLimits> limits_;
   WorkerPool handlers_;
   Socket listener_;
+  std::atomic<int> listen_fd_{-1};  // for housekeeping, which may run while Stop() closes it
   int reserve_fd_ = -1;
   std::atomic<bool> accept_paused_{false};
   std::atomic<uint64_t> fd_drops_{0};

@@ -129,7 +129,11 @@ void EventLoop::Remove(int fd) {
 }
 
 void EventLoop::Dispatch(const std::shared_ptr<Watch>& w, uint32_t events) {
-  w->handler(events);
+  try {
+    w->handler(events);
+  } catch (const std::exception& e) {
+    MORI_LOG(Error, "event loop: handler of fd " << w->fd << " failed: " << e.what());
+  }
   std::lock_guard<std::mutex> lk(mu_);
   w->running = false;
   w->runner = std::thread::id();
@@ -175,7 +179,13 @@ void EventLoop::CheckIdle() {
       run.push_back(p.fn);
     }
   }
-  for (auto& fn : run) fn();
+  for (auto& fn : run) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      MORI_LOG(Error, "event loop: periodic task failed: " << e.what());
+    }
+  }
   periodic_running_.store(false);
 }
 

@@ -81,8 +81,14 @@ bool TcpBackend::AdoptData(const EngineDesc& peer, InboundConnection& conn) {
     if (shut_.load()) return true;  // dropped: the socket closes with `in`
     inbound_[fd] = in;
   }
-  ctx_.loop->Add(fd, EPOLLIN | EPOLLRDHUP, in->conn.idle_timeout_ms,
-                 [this, in](uint32_t ev) { OnInboundEvent(in, ev); });
+  try {
+    ctx_.loop->Add(fd, EPOLLIN | EPOLLRDHUP, in->conn.idle_timeout_ms,
+                   [this, in](uint32_t ev) { OnInboundEvent(in, ev); });
+  } catch (const Error& e) {
+    MORI_LOG(Warning, "TCP data connection from '" << peer.key << "': " << e.what() << "; closing");
+    std::lock_guard<std::mutex> lk(inbound_mu_);
+    inbound_.erase(fd);
+  }
   return true;
 }
 
