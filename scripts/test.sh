@@ -17,7 +17,7 @@ cmake --build build/cmake -j "$JOBS"
 # The core tests under the sanitizers (the torch extension is not rebuilt).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp}
 for san in address thread; do
   cmake -S . -B "build/$san" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMORI_SANITIZE=$san >/dev/null
   cmake --build "build/$san" -j "$JOBS" --target mori_core_tests
