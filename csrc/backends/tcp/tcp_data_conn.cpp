@@ -103,20 +103,42 @@ void DataConn::Enqueue(PartPtr p) {
 }
 
 void DataConn::Complete(Part& p, StatusCode code, const std::string& msg) {
-  // p.use belongs to the sender thread, which may still be gathering from it
-  // (Break() and responses can end a part mid-send); it releases it itself.
+  // p.use belongs to the send job, which releases it itself.
   if (p.tracker) p.tracker->PartDone(code, msg);
 }
 
+bool DataConn::Unbusy(Part& p) {
+  return --p.busy == 0 && p.has_result;
+}
+
+bool DataConn::DeferIfBusy(Part& p, StatusCode code, const std::string& msg) {
+  if (p.busy == 0) return false;
+  if (!p.has_result) {
+    p.has_result = true;
+    p.result_code = code;
+    p.result_msg = msg;
+  }
+  return true;
+}
+
 void DataConn::Break(const std::string& reason) {
+  const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
   std::deque<PartPtr> failed;
   bool watched = false;
+  size_t deferred = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_) return;
     broken_ = true;
     broken_reason_ = reason;
-    failed.swap(inflight_);
+    for (auto& p : inflight_) {
+      if (DeferIfBusy(*p, StatusCode::ERR_BAD_STATE, msg)) {
+        ++deferred;
+      } else {
+        failed.push_back(std::move(p));
+      }
+    }
+    inflight_.clear();
     for (auto& p : send_q_) failed.push_back(std::move(p));
     send_q_.clear();
     watched = watched_;
@@ -128,11 +150,10 @@ void DataConn::Break(const std::string& reason) {
     std::lock_guard<std::mutex> lk(mu_);
     sock_.Shutdown();
   }
-  if (!failed.empty()) {
+  if (!failed.empty() || deferred) {
     MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
-                                                   << failed.size() << " request(s)");
+                                                   << failed.size() + deferred << " request(s)");
   }
-  const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
   for (auto& p : failed) Complete(*p, StatusCode::ERR_BAD_STATE, msg);
 }
 
@@ -227,13 +248,22 @@ void DataConn::SendJob() {
         send_q_.pop_front();
         if (!Prepare(*p)) continue;
         bytes += p->op == Op::Write ? p->total : 0;
+        if (p->op == Op::Write) ++p->busy;
         if (p->op != Op::Notice) inflight_.push_back(p);  // notices get no response
         batch.push_back(std::move(p));
       }
     }
     if (batch.empty()) continue;
     IoResult r = SendBatch(batch);
-    for (auto& p : batch) p->use.reset();
+    std::vector<PartPtr> ended;  // answered (or failed) while they were being sent
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& p : batch) {
+        p->use.reset();
+        if (p->op == Op::Write && Unbusy(*p)) ended.push_back(p);
+      }
+    }
+    for (auto& p : ended) Complete(*p, p->result_code, p->result_msg);
     if (!r.ok) {
       Break(r.timed_out ? "send timed out: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
                               ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
@@ -329,7 +359,23 @@ bool DataConn::ReceiveOne() {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_ || inflight_.empty()) return false;
     head = inflight_.front();
+    if (head->op == Op::Read) ++head->busy;  // its payload lands in the caller's buffer
   }
+  // On every way out: done with the read buffer; a result that came
+  // meanwhile (a break) is delivered now.
+  struct Unbusier {
+    DataConn* c;
+    Part* p;
+    ~Unbusier() {
+      if (!p || p->op != Op::Read) return;
+      bool deliver;
+      {
+        std::lock_guard<std::mutex> lk(c->mu_);
+        deliver = Unbusy(*p);
+      }
+      if (deliver) c->Complete(*p, p->result_code, p->result_msg);
+    }
+  } unbusier{this, head.get()};
   const IoDeadline bound = Bound(*head);
   // A response is at least kWireAlign bytes: its first ones hold the
   // header and the start of the message (or padding).
@@ -388,14 +434,20 @@ bool DataConn::ReceiveOne() {
     Break(r.timed_out ? "read payload timed out: " + r.error : r.error);
     return false;
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (broken_) return false;  // Break() already failed `head`
-    inflight_.pop_front();
-  }
   if (code != StatusCode::SUCCESS && !IsError(code)) code = StatusCode::ERR_BAD_STATE;
   if (IsError(code)) msg = "engine '" + peer_key_ + "': " + msg;
-  Complete(*head, code, msg);
+  bool deferred;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_) return false;  // Break() failed `head` (or left it to unbusier)
+    inflight_.pop_front();
+    if (head->op == Op::Read) {
+      --head->busy;  // done with the buffer; the unbusier has nothing left to do
+      unbusier.p = nullptr;
+    }
+    deferred = DeferIfBusy(*head, code, msg);
+  }
+  if (!deferred) Complete(*head, code, msg);
   if (code == StatusCode::SUCCESS && head->op == Op::Read && head->notify) {
     auto n = std::make_shared<Part>();
     n->op = Op::Notice;

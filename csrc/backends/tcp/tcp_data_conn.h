@@ -48,6 +48,15 @@ struct Part {
   RequestHeader hdr{};
   std::vector<WireSegment> table;
   MemoryUse use;  // write payload source, held while it is sent
+  // Guarded by the connection's mu_: jobs using the part's local bytes now
+  // (the send job gathering a write payload, the receive job scattering a
+  // read payload). Its status must not end while they do (the caller may
+  // free the buffer once it ends), so a result that comes meanwhile (the
+  // response, a break) waits here and the last job out delivers it.
+  int busy = 0;
+  bool has_result = false;
+  StatusCode result_code = StatusCode::SUCCESS;
+  std::string result_msg;
 };
 using PartPtr = std::shared_ptr<Part>;
 
@@ -100,6 +109,11 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // Runs connect_; false (connection broken) if it failed.
   bool Connect();
   void Complete(Part& p, StatusCode code, const std::string& msg);
+  // mu_ held: true (result kept for the job using it) if p is busy.
+  static bool DeferIfBusy(Part& p, StatusCode code, const std::string& msg);
+  // mu_ held: a job is done with p's bytes; true if it must now deliver the
+  // result kept meanwhile.
+  static bool Unbusy(Part& p);
   // The I/O bound of a request: its whole-operation deadline and the
   // connection's inactivity timeout.
   IoDeadline Bound(const Part& p) { return {p.deadline, cfg_.inactivity_timeout_ms, &progress_ms_}; }
