@@ -18,9 +18,14 @@
    raw copies of the same bytes (one copy_ of a contiguous range each, and a
    gather/scatter kernel pair index_select + index_copy_); GPU time per node
    from CUDA events around the replay. TCP doorbell nodes are measured the
-   same way (host round trip plus the TCP transfer), and a doorbell-only row
-   (backend tcp-doorbell: one 8-byte read, the smallest transfer) separates
-   the doorbell round trip from the loopback transfer of the pages.
+   same way, against the same transfer issued as a direct engine call
+   (session.batch_read + Wait) in the same run; a doorbell-only row (backend
+   tcp-doorbell: an empty block table, nothing to move) is the doorbell round
+   trip alone, and an 8-byte row adds the smallest loopback transfer.
+4. TCP with GPU pages (backend tcp-gpu-pages): graph nodes of 1, 32 and 1024
+   pages on the staged path (pages packed/unpacked on the stream through the
+   slot's pinned staging) against the direct engine call on the same GPU
+   memory; the 1024-page row gives the staged path's extra cost per page.
 """
 import argparse
 import json
@@ -150,19 +155,22 @@ def main():
     sess = a.create_session(a.register_torch_tensor(local),
                             MemoryDesc.unpack(b.register_torch_tensor(remote).pack()))
     h = ops.session_handle(sess)
-    # Doorbell only: one 8-byte read per node, so the loopback transfer is
-    # as small as it gets and the node's cost is mostly the doorbell round
-    # trip (stream write -> progress thread -> completion flag -> stream).
-    # (A GPU block table, so the op runs on the stream: with host offsets and
-    # a host tensor it would be the synchronous CPU path, not a graph node.)
+    # Doorbell only: a node with an empty block table (nothing to move): the
+    # stream writes the doorbell, the progress thread answers it, the stream
+    # goes on. (GPU block tables, so the op runs on the stream: with host
+    # lists and a host tensor it would be the synchronous CPU path.)
+    none = torch.zeros(0, dtype=torch.int64, device="cuda")
+    t_bell = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, none, none, PAGE), args.replays)
     tiny_src = torch.zeros(8, dtype=torch.uint8, device="cuda")
-    first = torch.zeros(1, dtype=torch.int64, device="cuda")
-    t_bell = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, first, first, 8), max(5, args.replays // 5))
     t_tiny = graph_us_per_node(lambda: local[:8].copy_(tiny_src, non_blocking=True), args.replays)
-    record(case="graph_node_us", backend="tcp-doorbell", pages=0, page_bytes=PAGE, bytes=8, op_us=t_bell,
+    record(case="graph_node_us", backend="tcp-doorbell", pages=0, page_bytes=PAGE, bytes=0, op_us=t_bell,
            raw_copy_us=t_tiny, extra_us=t_bell - t_tiny,
-           baseline="copy_ of 8 bytes GPU -> pinned host (memcpy node); the op adds the doorbell round trip and "
-                    "an 8-byte TCP read over loopback")
+           baseline="copy_ of 8 bytes GPU -> pinned host (memcpy node); the op is the doorbell round trip alone")
+    first = torch.zeros(1, dtype=torch.int64, device="cuda")
+    t_8 = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, first, first, 8), args.replays)
+    record(case="graph_node_us", backend="tcp-doorbell-8B", pages=1, page_bytes=8, bytes=8, op_us=t_8,
+           raw_copy_us=t_tiny, extra_us=t_8 - t_tiny,
+           baseline="copy_ of 8 bytes GPU -> pinned host (memcpy node); the op adds an 8-byte TCP read over loopback")
     for pages in (1, 32):
         lp_cpu = torch.arange(pages)
         rp_cpu = torch.randperm(PAGES)[:pages]
@@ -204,14 +212,44 @@ def main():
         record(case="eager_stream_roundtrip_us", backend="tcp", pages=pages, page_bytes=PAGE, op_us=op_us,
                direct_engine_us=direct_us, extra_us=op_us - direct_us,
                baseline="session.batch_read + Wait; the op: enqueue + stream synchronize (doorbell round trip)")
-        n = pages * PAGE
-        gpu_src = torch.zeros(n, dtype=torch.uint8, device="cuda")
-        t_op = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, lp, rp, PAGE), max(5, args.replays // 5))
-        t_copy = graph_us_per_node(lambda: local[:n].copy_(gpu_src, non_blocking=True), args.replays)
-        record(case="graph_node_us", backend="tcp", pages=pages, page_bytes=PAGE, op_us=t_op, raw_copy_us=t_copy,
-               extra_us=t_op - t_copy,
-               baseline="copy_ of the same bytes GPU -> pinned host (memcpy node); the op adds the doorbell round "
-                        "trip and a TCP transfer over loopback")
+        t_op = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, lp, rp, PAGE), args.replays)
+        direct_us = host_us(direct, args.iters // 4)
+        record(case="graph_node_us", backend="tcp", pages=pages, page_bytes=PAGE, op_us=t_op,
+               direct_engine_us=direct_us, ratio=t_op / direct_us, extra_us=t_op - direct_us,
+               baseline="the same transfer as a direct engine call: session.batch_read + Wait, measured in this run")
+    torch.cuda.synchronize()
+    ops.release_session_handle(h)
+    a.shutdown()
+    b.shutdown()
+
+    # ------------------------------------------------- TCP with GPU pages
+    # The staged path: a kernel on the stream packs/unpacks the pages into the
+    # slot's pinned staging, the progress thread moves host bytes only.
+    a, b = engines(BackendType.TCP, TcpBackendConfig())
+    local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, device="cuda")
+    remote = torch.randint(0, 256, (PAGE * PAGES,), dtype=torch.uint8)
+    sess = a.create_session(a.register_torch_tensor(local),
+                            MemoryDesc.unpack(b.register_torch_tensor(remote).pack()))
+    h = ops.session_handle(sess)
+    for pages in (1, 32, PAGES):
+        lp_cpu = torch.randperm(PAGES)[:pages]
+        rp_cpu = torch.randperm(PAGES)[:pages]
+        lo, ro = (lp_cpu * PAGE).tolist(), (rp_cpu * PAGE).tolist()
+        sizes = [PAGE] * pages
+
+        def direct():
+            sess._s.batch_read(lo, ro, sizes, 0).Wait()
+
+        lp, rp = lp_cpu.cuda(), rp_cpu.cuda()
+        t_op = graph_us_per_node(lambda: torch.ops.mori.read_pages(h, local, lp, rp, PAGE), args.replays)
+        direct_us = host_us(direct, args.iters // 8)
+        r = dict(case="graph_node_us", backend="tcp-gpu-pages", pages=pages, page_bytes=PAGE, op_us=t_op,
+                 direct_engine_us=direct_us, ratio=t_op / direct_us, extra_us=t_op - direct_us,
+                 baseline="the same transfer of GPU pages as a direct engine call (session.batch_read + Wait; "
+                          "the backend stages through its pinned buffers with CUDA copies), this run")
+        if pages == PAGES:
+            r["staged_extra_ns_per_page"] = (t_op - direct_us) * 1e3 / pages
+        record(**r)
     torch.cuda.synchronize()
     ops.release_session_handle(h)
     a.shutdown()

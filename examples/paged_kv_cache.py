@@ -6,8 +6,9 @@ from p) and publishes its descriptors. The decode process (cuda:0) keeps its
 own paged cache; every iteration a block table (a GPU int64 tensor) names
 which of the prefill's pages to pull into which local pages. The pages move
 by GPU peer copies (--backend xgmi: a copy kernel on the stream) or over TCP
-(--backend tcp: a doorbell on the stream, GPU pages staged through pinned
-host buffers).
+(--backend tcp: a doorbell on the stream; a kernel on the stream unpacks the
+pages from the doorbell slot's pinned staging, so the engine's threads make
+no CUDA call while the stream waits).
 The model-like step, compiled with torch.compile(mode="reduce-overhead",
 fullgraph=True) so it runs as a CUDA graph, does
 
@@ -102,12 +103,6 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
     inductor_config.triton.cudagraph_or_error = True  # a silently skipped CUDA graph is an error
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
     expected_pages = page_pattern(num_pages, page_bytes, "cuda")
-    # Load the compute's kernels (cuBLAS, ...) before the first transfer. With
-    # CUDA's lazy module loading, a kernel's first launch waits for the device;
-    # behind a pending TCP doorbell the device waits for the transfer, whose
-    # GPU staging copies need CUDA calls that such a launch can hold up.
-    attend(expected_pages[:pages_per_step], torch.ones(HEAD_DIM, device="cuda"))
-    torch.cuda.synchronize()
     gen = torch.Generator().manual_seed(0)
     t_total = 0.0
     for it in range(iters):
@@ -145,7 +140,7 @@ def main():
     ap.add_argument("--pages-per-step", type=int, default=64)
     ap.add_argument("--backend", choices=["xgmi", "tcp"], default="xgmi",
                     help="xgmi: GPU peer copies (a copy kernel on the stream); tcp: TCP with GPU pages "
-                         "(a doorbell on the stream, bytes staged through pinned host buffers)")
+                         "(a doorbell on the stream, pages unpacked on the stream from pinned staging)")
     args = ap.parse_args()
     page_bytes = args.page_kib << 10
     ctx = mp.get_context("spawn")

@@ -8,10 +8,14 @@ captured CUDA graphs:
 * any tensor argument on a GPU: the transfer is ordered on the current stream
   of that GPU. Work queued before the op on that stream finishes before any
   byte moves; work queued after it sees the bytes. GPU-peer sessions (XGMI)
-  launch one copy kernel; host-driven sessions (TCP) ring a doorbell that the
-  engine's progress thread answers. Block lists given as GPU tensors are read
-  when the stream reaches the op, so each CUDA graph replay uses the lists of
-  that replay.
+  launch one copy kernel; host-driven sessions (TCP, RDMA) ring a doorbell
+  that the engine's progress thread answers. GPU pages of host-driven
+  sessions travel through the doorbell slot's pinned staging: a kernel on the
+  stream packs them before the doorbell (writes) and unpacks them after it
+  (reads), so the engine's threads never make a CUDA call while a stream
+  waits on them, and any kernel may follow the op. Block lists given as GPU
+  tensors are read when the stream reaches the op, so each CUDA graph replay
+  uses the lists of that replay.
 
 Errors found on the stream (a block-table entry out of range, a failed
 transfer) cannot raise at the call: out-of-range entries move no byte and the

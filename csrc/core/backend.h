@@ -72,6 +72,10 @@ class BackendPeer {
   // cannot.
   virtual void LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote, gpu::StreamCopyArgs args,
                               gpu::Stream stream);
+  // True when the host thread can move `local`'s GPU bytes itself with no
+  // GPU call (RDMA on a dma-buf registration): stream-ordered transfers then
+  // skip the pinned staging slot. Asked after PrepareStream.
+  virtual bool PostsFromDeviceMemory(const LocalMemory& /*local*/) const { return false; }
 };
 
 class Backend {

@@ -6,6 +6,11 @@ namespace mori_torch {
 
 StatusPtr Session::Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes,
                           TransferUid uid) {
+  return SubmitVia(local_, is_read, local_offsets, remote_offsets, sizes, uid);
+}
+
+StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_read, Int64Span local_offsets,
+                             Int64Span remote_offsets, Int64Span sizes, TransferUid uid) {
   auto status = MakeStatus();
   if (local_->retired()) {
     status->Update(StatusCode::ERR_NOT_FOUND, "session: local memory " + std::to_string(local_->desc.id) +
@@ -14,13 +19,13 @@ StatusPtr Session::Submit(bool is_read, Int64Span local_offsets, Int64Span remot
   }
   TransferOp op;
   std::string msg;
-  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local_->desc, remote_, &op.segs, &msg);
+  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local->desc, remote_, &op.segs, &msg);
   if (c != StatusCode::SUCCESS) {
     status->Update(c, msg);
     return status;
   }
   op.is_read = is_read;
-  op.local = local_;
+  op.local = local;
   op.remote = remote_;
   op.uid = uid;
   op.status = status;

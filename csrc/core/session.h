@@ -27,6 +27,11 @@ class Session {
   // them without a copy.
   StatusPtr BatchRead(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
   StatusPtr BatchWrite(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
+  // The same transfer with `local` standing in for the session's local
+  // memory: stream ordering moves GPU pages through a pinned staging slot,
+  // so the host thread reads and writes only host memory (csrc/stream).
+  StatusPtr SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_read, Int64Span local_offsets,
+                      Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
   bool Alive() const;
   TransferUid AllocateTransferUid() { return uids_->fetch_add(1, std::memory_order_relaxed); }
   BackendType backend_type() const { return backend_->Type(); }

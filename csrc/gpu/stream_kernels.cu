@@ -54,12 +54,13 @@ __device__ void RecordOutOfRange(StreamError* err, int64_t i, const SegmentBytes
 
 // Work item w is chunk (w % chunks) of segment (w / chunks).
 __global__ void StreamCopyKernel(StreamCopyArgs a, int64_t chunks) {
+  if (a.skip_flag && *reinterpret_cast<const volatile uint32_t*>(a.skip_flag) != 0) return;
   const int64_t items = a.count * chunks;
   for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
     const int64_t i = w / chunks, chunk = w % chunks;
     // Raw entries until SegmentAt scales them (it leaves them on failure).
     SegmentBytes b{a.local_offsets ? a.local_offsets[i] : a.local_offset,
-                   a.remote_offsets ? a.remote_offsets[i] : a.remote_offset, 0};
+                   a.remote_packed ? 0 : (a.remote_offsets ? a.remote_offsets[i] : a.remote_offset), 0};
     bool ok = SegmentAt(a, i, &b);
     ok = ok && InsideRange(b.local_offset, b.size, a.local_size) && InsideRange(b.remote_offset, b.size, a.remote_size);
     if (!ok) {
@@ -76,6 +77,39 @@ __global__ void StreamCopyKernel(StreamCopyArgs a, int64_t chunks) {
     auto* dst = reinterpret_cast<unsigned char*>(a.is_read ? local : remote);
     const auto* src = reinterpret_cast<const unsigned char*>(a.is_read ? remote : local);
     CopyChunk(dst, src, n);
+  }
+}
+
+// One block: each thread sums a contiguous run of sizes, the block scans
+// the run totals, then each thread writes its run's offsets.
+constexpr int kScanThreads = 1024;
+__global__ void PackOffsetsKernel(const int64_t* sizes, int64_t stride, int64_t count, int64_t* packed) {
+  __shared__ int64_t totals[kScanThreads];
+  const int64_t per = (count + kScanThreads - 1) / kScanThreads;
+  const int64_t begin = threadIdx.x * per;
+  const int64_t end = begin + per < count ? begin + per : count;
+  auto saturating_add = [](int64_t x, int64_t y) { return x > INT64_MAX - y ? INT64_MAX : x + y; };
+  int64_t sum = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t v = sizes[i * stride];
+    sum = saturating_add(sum, v < 0 ? 0 : v);
+  }
+  totals[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // 1024 additions: cheaper than a tree at this size
+    int64_t run = 0;
+    for (int t = 0; t < kScanThreads; ++t) {
+      const int64_t v = totals[t];
+      totals[t] = run;
+      run = saturating_add(run, v);
+    }
+  }
+  __syncthreads();
+  int64_t at = totals[threadIdx.x];
+  for (int64_t i = begin; i < end; ++i) {
+    packed[i] = at;
+    const int64_t v = sizes[i * stride];
+    at = saturating_add(at, v < 0 ? 0 : v);
   }
 }
 
@@ -114,6 +148,12 @@ void LaunchStreamCopy(const StreamCopyArgs& args, Stream s) {
   CheckLaunch("stream copy kernel");
 }
 
+void LaunchPackOffsets(const int64_t* sizes, int64_t size_stride, int64_t count, int64_t* packed, Stream s) {
+  if (count <= 0) return;
+  PackOffsetsKernel<<<1, kScanThreads, 0, static_cast<gpuStream_t>(s)>>>(sizes, size_stride, count, packed);
+  CheckLaunch("pack offsets kernel");
+}
+
 void LaunchFlagWriteKernel(Stream s, uint32_t* device_flag, uint32_t value) {
   FlagWriteKernel<<<1, 1, 0, static_cast<gpuStream_t>(s)>>>(device_flag, value);
   CheckLaunch("flag write kernel");
@@ -135,6 +175,7 @@ void WarmUpStreamKernels(int device) {
   StreamCopyArgs nothing;
   nothing.count = 0;
   StreamCopyKernel<<<1, 1, 0, stream>>>(nothing, 1);
+  PackOffsetsKernel<<<1, kScanThreads, 0, stream>>>(nullptr, 1, 0, nullptr);
   FlagWriteKernel<<<1, 1, 0, stream>>>(nullptr, 0);
   FlagWaitKernel<<<1, 1, 0, stream>>>(nullptr, 0);
   gpuError_t e = gpuGetLastError();

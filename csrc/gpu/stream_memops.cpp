@@ -215,6 +215,10 @@ void StreamWaitFlag(Stream, uint32_t*, uint32_t) {
 std::string StreamFlagMechanism() { return "none"; }
 bool StreamIsCapturing(Stream) { return false; }
 bool ReleaseWithCapturedGraph(Stream, void (*)(void*), void*) { return false; }
+void LaunchPackOffsets(const int64_t*, int64_t, int64_t, int64_t*, Stream) {
+  throw Error(StatusCode::ERR_GPU_OP, "LaunchPackOffsets: this build has no GPU support");
+}
+
 void LaunchStreamCopy(const StreamCopyArgs&, Stream) {
   throw Error(StatusCode::ERR_GPU_OP, "LaunchStreamCopy: this build has no GPU support");
 }

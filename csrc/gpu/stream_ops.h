@@ -58,6 +58,15 @@ struct StreamCopyArgs {
   int64_t uniform_size = 0;
   int64_t size_stride = 1;  // 0: one size for every segment
   StreamError* error = nullptr;  // device address of the error record
+  // Packed staging (host-driven backends, DESIGN §5): the remote side is a
+  // pinned slot where segment i sits at packed_offsets[i], or at
+  // i * uniform_size when that list is null; remote_offsets are then the
+  // network's business, not the kernel's.
+  bool remote_packed = false;
+  const int64_t* packed_offsets = nullptr;
+  // When set and nonzero as the kernel starts, it moves nothing (a staged
+  // read whose transfer failed leaves the pages as they were).
+  const uint32_t* skip_flag = nullptr;
 };
 
 struct SegmentBytes {
@@ -70,14 +79,30 @@ struct SegmentBytes {
 // negative. Range checks against the registrations are the caller's.
 MORI_HOST_DEVICE inline bool SegmentAt(const StreamCopyArgs& a, int64_t i, SegmentBytes* out) {
   const int64_t lo = a.local_offsets ? a.local_offsets[i] : a.local_offset;
-  const int64_t ro = a.remote_offsets ? a.remote_offsets[i] : a.remote_offset;
+  const int64_t ro = a.remote_packed ? 0 : (a.remote_offsets ? a.remote_offsets[i] : a.remote_offset);
   out->size = a.sizes ? a.sizes[i * a.size_stride] : a.uniform_size;
   if (lo < 0 || ro < 0 || out->size < 0 || a.offset_scale <= 0) return false;
   const int64_t limit = INT64_MAX / a.offset_scale;
   if (lo > limit || ro > limit) return false;
   out->local_offset = lo * a.offset_scale;
   out->remote_offset = ro * a.offset_scale;
+  if (a.remote_packed) {
+    if (a.packed_offsets) {
+      out->remote_offset = a.packed_offsets[i];
+    } else {
+      if (a.uniform_size != 0 && i > INT64_MAX / a.uniform_size) return false;
+      out->remote_offset = i * a.uniform_size;
+    }
+  }
   return true;
+}
+
+// Exclusive prefix sum of the segment sizes of `a` (negative sizes count as
+// 0: SegmentAt refuses those segments anyway): where segment i sits in a
+// packed staging slot. Host and kernels use the same rule.
+MORI_HOST_DEVICE inline int64_t SegmentSize(const StreamCopyArgs& a, int64_t i) {
+  const int64_t s = a.sizes ? a.sizes[i * a.size_stride] : a.uniform_size;
+  return s < 0 ? 0 : s;
 }
 
 // True when [offset, offset + size) lies inside a registration of `total` bytes.
@@ -89,6 +114,12 @@ MORI_HOST_DEVICE inline bool InsideRange(int64_t offset, int64_t size, uint64_t 
 // registrations inside the kernel; one out of range moves no byte and is
 // recorded in args.error (when set).
 void LaunchStreamCopy(const StreamCopyArgs& args, Stream s);
+
+// Writes the exclusive prefix sum of sizes[i * size_stride] (i < count;
+// negative values count as 0, sums saturate at INT64_MAX) into packed[i],
+// on `s`: the offsets of variable-size segments in a packed staging slot.
+// Both arrays are device-reachable (pinned host memory's device address).
+void LaunchPackOffsets(const int64_t* sizes, int64_t size_stride, int64_t count, int64_t* packed, Stream s);
 
 // Stream flags: `flag` is a word of PinnedAlloc memory (host address).
 // WriteFlag stores `value` once the work before it on `s` is done (with a

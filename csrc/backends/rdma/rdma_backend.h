@@ -47,6 +47,10 @@ class RdmaPeer : public BackendPeer {
   ~RdmaPeer() override;
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
+  // GPU memory registered through dma-buf is posted directly by stream-
+  // ordered transfers; anything else goes through the doorbell's staging.
+  void PrepareStream(const LocalMemory& local, const MemoryDesc& remote) override;
+  bool PostsFromDeviceMemory(const LocalMemory& local) const override;
   // Ends everything in flight with `reason`; later submits fail at once.
   void Close(const std::string& reason);
   // Of the live connection (0 when there is none): how many rails (NICs) its

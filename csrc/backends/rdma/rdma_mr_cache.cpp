@@ -15,7 +15,8 @@ namespace {
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 }
 
-ibv_mr* MrCache::Register(RdmaDevice& dev, const MemoryDesc& m) {
+ibv_mr* MrCache::Register(RdmaDevice& dev, const MemoryDesc& m, bool* via_dmabuf) {
+  *via_dmabuf = false;
   const VerbsApi* api = dev.api;
   std::string dmabuf_why;
   if (m.loc == MemoryLocationType::GPU) {
@@ -26,7 +27,10 @@ ibv_mr* MrCache::Register(RdmaDevice& dev, const MemoryDesc& m) {
         ibv_mr* mr = api->reg_dmabuf_mr(dev.pd, offset, m.size, m.data, fd, kAccess);
         const int e = errno;
         ::close(fd);  // the registration holds its own reference
-        if (mr) return mr;
+        if (mr) {
+          *via_dmabuf = true;
+          return mr;
+        }
         dmabuf_why = std::string("ibv_reg_dmabuf_mr: ") + std::strerror(e);
       } catch (const Error& e) {
         dmabuf_why = e.what();
@@ -57,8 +61,22 @@ ibv_mr* MrCache::Get(size_t rail, const MemoryDesc& m) {
   std::unique_lock<std::shared_mutex> lk(mu_);
   auto& v = map_[m.id];
   if (v.empty()) v.resize(rails_.size(), nullptr);
-  if (!v[rail]) v[rail] = Register(*rails_[rail], m);
+  if (!v[rail]) {
+    bool via_dmabuf = false;
+    v[rail] = Register(*rails_[rail], m, &via_dmabuf);
+    if (via_dmabuf) ++dmabuf_rails_[m.id];
+  }
   return v[rail];
+}
+
+void MrCache::RegisterOnAllRails(const MemoryDesc& m) {
+  for (size_t r = 0; r < rails_.size(); ++r) Get(r, m);
+}
+
+bool MrCache::DmaBufOnAllRails(MemoryId id) {
+  std::shared_lock<std::shared_mutex> lk(mu_);
+  auto it = dmabuf_rails_.find(id);
+  return it != dmabuf_rails_.end() && it->second == rails_.size();
 }
 
 void MrCache::Deregister(std::vector<ibv_mr*>& mrs) {
@@ -75,6 +93,7 @@ void MrCache::Drop(MemoryId id) {
     if (it == map_.end()) return;
     mrs.swap(it->second);
     map_.erase(it);
+    dmabuf_rails_.erase(id);
   }
   Deregister(mrs);
 }
@@ -84,6 +103,7 @@ void MrCache::Clear() {
   {
     std::unique_lock<std::shared_mutex> lk(mu_);
     all.swap(map_);
+    dmabuf_rails_.clear();
   }
   for (auto& kv : all) Deregister(kv.second);
 }

@@ -188,6 +188,20 @@ RdmaPeer::RemoteKeys RdmaPeer::KeysOf(Conn& c, const MemoryDesc& remote) {
   return k;
 }
 
+void RdmaPeer::PrepareStream(const LocalMemory& local, const MemoryDesc& /*remote*/) {
+  if (local.desc.loc != MemoryLocationType::GPU) return;
+  try {
+    shared_->mrs.RegisterOnAllRails(local.desc);
+  } catch (const Error& e) {
+    MORI_LOG(Info, "RDMA: stream-ordered transfers of GPU memory " << local.desc.id
+                                                                   << " use pinned staging: " << e.what());
+  }
+}
+
+bool RdmaPeer::PostsFromDeviceMemory(const LocalMemory& local) const {
+  return local.desc.loc == MemoryLocationType::GPU && shared_->mrs.DmaBufOnAllRails(local.desc.id);
+}
+
 void RdmaPeer::Submit(TransferOp op) {
   try {
     std::shared_ptr<Conn> c = Connection();

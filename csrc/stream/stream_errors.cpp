@@ -1,4 +1,4 @@
-#include "core/stream_errors.h"
+#include "stream/stream_errors.h"
 
 #include <sys/mman.h>
 

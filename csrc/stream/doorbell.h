@@ -1,22 +1,26 @@
-// The doorbell that orders host-driven transfers (TCP now, RDMA later) on a
-// GPU stream (DESIGN §5). For each stream-ordered op a slot of pinned,
-// device-mapped host words is enqueued on the stream as
-//   [copy device block lists into the slot] -> ring := 1 -> wait done == 1 -> done := 0
+// The doorbell that orders host-driven transfers (TCP, RDMA) on a GPU stream
+// (DESIGN §5). For each stream-ordered op a slot of pinned, device-mapped
+// host memory is enqueued on the stream (enqueue.cpp) as
+//   [block lists -> slot] [GPU pages -> staging (writes)] -> ring := 1
+//   -> wait done == 1 -> done := 0 [staging -> GPU pages (reads)]
 // The progress thread sees ring, clears it, runs the transfer through the
-// session (reading the lists the stream just staged), and sets done when the
-// transfer ended; errors go to the session's StreamErrors. Because the stream
-// re-arms done itself, a slot captured into a CUDA graph works on every
-// replay: such "persistent" slots are watched as long as the graph may
+// session (reading the lists the stream just staged) between the peer and
+// either the registered host memory or the slot's staging bytes, and sets
+// done when the transfer ended; errors go to the session's StreamErrors and
+// set the slot's `failed` word, so a staged read scatters nothing. Because
+// the stream re-arms done itself, a slot captured into a CUDA graph works on
+// every replay: such "persistent" slots are watched as long as the graph may
 // replay. The op ties each to its graph with a SlotLease released by a graph
-// user object (gpu::ReleaseWithCapturedGraph); once the graph is destroyed
-// the progress thread stops watching the slot, drops its session and returns
-// it to the pool. Where that tie is unavailable (HIP without graph user
-// objects, such as HIP 5.2) a persistent slot is watched for the life of the
-// process. One-shot slots return to the pool once the stream has passed them.
+// user object; once the graph is destroyed the progress thread stops
+// watching the slot, drops its session and returns it to the pool. Where
+// that tie is unavailable (HIP without graph user objects, such as HIP 5.2)
+// a persistent slot is watched for the life of the process. One-shot slots
+// return to the pool once the stream has passed them.
 //
-// The progress thread makes no CUDA call of its own (flags are plain host
-// memory), so it can never wait on a module load or a blocked stream
-// (notes/GPU_FACTS.md, lazy-loading deadlock).
+// The progress thread makes no GPU call at all (flags, lists and staging
+// bytes are plain host memory), so it can never wait on a module load, an
+// implicit device synchronization or the stream it is about to release
+// (docs/GPU_FACTS.md, lazy-loading deadlock).
 #pragma once
 
 #include <atomic>
@@ -28,7 +32,7 @@
 #include <vector>
 
 #include "core/session.h"
-#include "core/stream_errors.h"
+#include "stream/stream_errors.h"
 
 namespace mori_torch {
 
@@ -51,23 +55,49 @@ class SlotLease {
 
 class DoorbellSlot {
  public:
-  explicit DoorbellSlot(size_t entries);
+  // Lists of `entries` values each, and `staging_bytes` of staging for GPU
+  // pages (0: the slot only orders host memory).
+  DoorbellSlot(size_t entries, size_t staging_bytes);
   ~DoorbellSlot();
   DoorbellSlot(const DoorbellSlot&) = delete;
   DoorbellSlot& operator=(const DoorbellSlot&) = delete;
 
   uint32_t* ring() const { return &words_[0]; }
   uint32_t* done() const { return &words_[1]; }
-  // Staging for list `which` (0 local offsets, 1 remote offsets, 2 sizes):
-  // `entries` int64 values the stream or the host fills before ringing.
+  // 1 when the last transfer failed (a staged read's scatter then skips).
+  uint32_t* failed() const { return &words_[2]; }
+  // List `which` (0 local offsets, 1 remote offsets, 2 sizes, 3 packed
+  // staging offsets): `entries` int64 values the stream or the host fills.
   int64_t* list(int which) const { return lists_ + which * entries_; }
   size_t entries() const { return entries_; }
+  char* staging() const { return staging_; }
+  size_t staging_bytes() const { return staging_bytes_; }
+  // The staging bytes as a host registration the backends move bytes from
+  // and into (never registered with an engine; a process-unique id).
+  const std::shared_ptr<LocalMemory>& staging_memory() const { return staging_memory_; }
+  // Where the stream reaches `host` (inside this slot), given the stream's
+  // address of the slot's base (cached on first use by the enqueue path).
+  uint64_t Reached(const void* host) const {
+    return reach_base_ + static_cast<uint64_t>(static_cast<const char*>(host) - base_);
+  }
+  char* base() const { return base_; }
+  uint64_t reach_base_ = 0;  // set by the enqueue path on the user's thread
+  // Device memory of staging_bytes() on device scratch_domain_ where the
+  // stream packs pages before the DMA into staging (and unpacks after it);
+  // made by the enqueue path on first staged use, freed with the slot.
+  void* scratch_ = nullptr;
+  int scratch_domain_ = -2;
+  void (*free_scratch_)(void*, int) = nullptr;
 
   // The transfer, set by the op before Watch. segs' array pointers point
   // into list(...) (host addresses) or are null.
   std::shared_ptr<Session> session;
   bool is_read = false;
   gpu::StreamCopyArgs segs;
+  // Staged: local GPU bytes travel through staging(); local_size bounds the
+  // local offsets (the bytes the stream's kernels touch).
+  bool staged = false;
+  uint64_t local_size = 0;
   std::shared_ptr<StreamErrors> errors;
   bool persistent = false;
   // For a persistent slot captured into a graph: its tie to that graph
@@ -79,12 +109,17 @@ class DoorbellSlot {
   enum class Phase { Waiting, Moving, Draining };
   Phase phase_ = Phase::Waiting;
   StatusPtr inflight_;
+  std::string peer_;  // for error messages
 
   size_t entries_;
+  size_t staging_bytes_;
   size_t bytes_;
   bool pinned_ = false;
+  char* base_;
   uint32_t* words_;
   int64_t* lists_;
+  char* staging_;
+  std::shared_ptr<LocalMemory> staging_memory_;
 };
 
 class DoorbellService {
@@ -93,11 +128,16 @@ class DoorbellService {
   // stopped at exit.
   static DoorbellService& Instance();
 
-  // An idle slot whose lists hold at least `entries` values each.
-  std::shared_ptr<DoorbellSlot> Acquire(size_t entries);
+  // An idle slot whose lists hold at least `entries` values each and whose
+  // staging holds at least `staging_bytes` (the smallest that fits).
+  // A staged slot (staging_bytes > 0) also matches `domain`, the device its
+  // scratch lives on, or has no scratch yet.
+  std::shared_ptr<DoorbellSlot> Acquire(size_t entries, size_t staging_bytes = 0, int domain = -2);
   // Pools `count` idle slots of `entries` now, so that ops captured into a
   // graph later need no host-memory registration during the capture.
-  void Reserve(size_t count, size_t entries);
+  void Reserve(size_t count, size_t entries, size_t staging_bytes = 0);
+  // Pinned bytes held by idle slots (leak checks).
+  size_t PooledBytes();
   // Starts watching `slot`: its ring/wait/reset are on a stream already.
   void Watch(std::shared_ptr<DoorbellSlot> slot);
   // Slots watched now (persistent ones included), for tests.
@@ -113,6 +153,7 @@ class DoorbellService {
   // Advances one slot; true when something happened.
   bool Step(DoorbellSlot& slot);
   void Ring(DoorbellSlot& slot);
+  StatusCode StartStaged(DoorbellSlot& slot, std::string* msg);
   void Finish(DoorbellSlot& slot, StatusCode code, const std::string& message);
   // True when the graph that captured the slot is gone and the slot is idle
   // (no transfer running, no ring pending): it may leave the watch list.
@@ -135,5 +176,7 @@ class DoorbellService {
 // lists; ERR_INVALID_ARGS with *msg for negative or overflowing values.
 StatusCode ExpandSegments(const gpu::StreamCopyArgs& segs, std::vector<int64_t>* local_offsets,
                           std::vector<int64_t>* remote_offsets, std::vector<int64_t>* sizes, std::string* msg);
+// Segment i's raw list entries, for messages ("local 7 x 4096, ...").
+std::string DescribeSegment(const gpu::StreamCopyArgs& segs, int64_t i);
 
 }  // namespace mori_torch
