@@ -38,8 +38,14 @@ void WorkerPool::Stop() {
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  q_.clear();
+  // Dropped tasks are destroyed outside mu_: one may hold the last reference
+  // to an object whose destructor takes its own lock, which other threads
+  // hold while they Post().
+  std::deque<std::function<void()>> dropped;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    dropped.swap(q_);
+  }
 }
 
 void WorkerPool::Run() {
