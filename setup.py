@@ -12,6 +12,7 @@ import shutil
 
 import torch
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 
 def _fix_cuda_home():
@@ -81,12 +82,29 @@ with open(build_info, "w") as f:
     f.write(f"TORCH_HIP = {torch.version.hip!r}\n")
     f.write(f"WITH_GPU = {gpu!r}\n")
 
+ALIAS_PTH = "mori_torch_alias.pth"
+
+
+class BuildPyWithAliasHook(build_py):
+    """Installs mori_torch_alias.pth beside the packages: site.py runs it at
+    every interpreter start, which is how MORI_TORCH_MORI_ALIAS=1 reaches
+    spawned worker processes. An editable install builds into a temporary
+    unpacked wheel, whose root is `install`'s install_lib."""
+
+    def run(self):
+        super().run()
+        editable = getattr(self, "editable_mode", False)
+        dest = self.get_finalized_command("install").install_lib if editable else self.build_lib
+        self.copy_file(os.path.join(ROOT, ALIAS_PTH), os.path.join(dest, ALIAS_PTH))
+
+
 setup(
     name="mori_torch",
     version="0.1.0",
     description="Point-to-point GPU/host memory transfer engine for PyTorch (MORI-IO compatible)",
     packages=find_packages(include=["mori_torch", "mori_torch.*"]),
+    py_modules=["_mori_torch_alias"],  # the `mori` alias; stdlib only, imported at start-up by the .pth
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": BuildPyWithAliasHook},
     python_requires=">=3.9",
 )

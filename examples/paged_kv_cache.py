@@ -2,7 +2,8 @@
 
 Two processes. The prefill process owns a paged KV cache on a GPU (cuda:1
 when the machine has two GPUs, else cuda:0; page p holds a pattern derived
-from p) and publishes its descriptors. The decode process (cuda:0) keeps its
+from p) and publishes its descriptors in a rendezvous directory (a TCPStore
+the decode process hosts). The decode process (cuda:0) keeps its
 own paged cache; every iteration a block table (a GPU int64 tensor) names
 which of the prefill's pages to pull into which local pages. The pages move
 by GPU peer copies (--backend xgmi: a copy kernel on the stream) or over TCP
@@ -30,6 +31,7 @@ import time
 import torch
 
 from mori_torch import ops
+from mori_torch.rendezvous import TorchStoreDirectory
 from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
                            XgmiBackendConfig)
 
@@ -69,14 +71,16 @@ def prefill_device():
     return 1 if torch.cuda.device_count() > 1 else 0
 
 
-def prefill(conn, num_pages, page_bytes, backend):
+def prefill(conn, store_port, num_pages, page_bytes, backend):
     torch.cuda.set_device(prefill_device())
     engine = make_engine("kv-prefill", backend)
     cache = page_pattern(num_pages, page_bytes, "cuda").view(torch.uint8).reshape(-1).contiguous()
     desc = engine.register_torch_tensor(cache)
     torch.cuda.synchronize()
-    conn.send((engine.get_engine_desc().pack(), desc.pack()))
+    directory = TorchStoreDirectory("paged-kv", host="127.0.0.1", port=store_port)
+    directory.publish(engine, {"cache": desc})
     conn.recv()  # "done"
+    directory.close()
     engine.shutdown()
     conn.send("bye")
 
@@ -145,15 +149,20 @@ def main():
     page_bytes = args.page_kib << 10
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=prefill, args=(child, args.pages, page_bytes, args.backend), daemon=True)
+    # The processes meet in a rendezvous directory on a TCPStore this one hosts.
+    directory = TorchStoreDirectory("paged-kv", host="127.0.0.1", port=0, is_server=True)
+    proc = ctx.Process(target=prefill, args=(child, directory.port, args.pages, page_bytes, args.backend),
+                       daemon=True)
     proc.start()
-    remote_engine, remote_mem = parent.recv()
+    entry = directory.lookup("kv-prefill", timeout_s=300)
+    remote_engine, remote_mem = entry.engine_desc.pack(), entry.memories["cache"].pack()
     try:
         decode(remote_engine, remote_mem, args.pages, page_bytes, args.pages_per_step, args.iters, args.backend)
     finally:
         parent.send("done")
         parent.recv()
         proc.join(30)
+        directory.close()
 
 
 if __name__ == "__main__":

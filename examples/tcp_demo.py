@@ -1,7 +1,8 @@
 """Main demo: two processes move 256 MiB through the TCP backend.
 
-Process A registers a 256 MiB tensor and publishes its packed descriptors.
-Process B registers its own, then reads and writes A's memory in batches of
+Process A registers a 256 MiB tensor and publishes its descriptors in a
+rendezvous directory (a TCPStore that process B hosts); B connects to A
+through it, registers its own tensor, then reads and writes A's memory in batches of
 16 KiB pages and in 64 MiB chunks, verifies every byte, and prints GB/s per
 phase. Run: python examples/tcp_demo.py [--size-mib 256] [--num-data-conns 8]
 """
@@ -11,7 +12,8 @@ import time
 
 import torch
 
-from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, StatusCode, TcpBackendConfig
+from mori_torch.io import BackendType, IOEngine, IOEngineConfig, StatusCode, TcpBackendConfig
+from mori_torch.rendezvous import TorchStoreDirectory
 
 PAGE = 16 << 10
 CHUNK = 64 << 20
@@ -28,16 +30,17 @@ def make_engine(key, conns):
     return e
 
 
-def process_a(conn, nbytes, conns):
+def process_a(conn, store_port, nbytes, conns):
     engine = make_engine("demo-A", conns)
     buf = fill(nbytes, seed=1)
-    desc = engine.register_torch_tensor(buf)
-    conn.send((engine.get_engine_desc().pack(), desc.pack()))
+    directory = TorchStoreDirectory("tcp-demo", host="127.0.0.1", port=store_port)
+    directory.publish(engine, {"buf": engine.register_torch_tensor(buf)})
     while True:
         cmd, seed = conn.recv()
         if cmd == "verify":  # B wrote fill(nbytes, seed) into our buffer
             conn.send(torch.equal(buf, fill(nbytes, seed)))
         elif cmd == "stop":
+            directory.close()
             engine.shutdown()
             conn.send("bye")
             return
@@ -57,11 +60,9 @@ def timed(label, nbytes, fn):
     print(f"  {label:<40} {nbytes / dt / 1e9:7.2f} GB/s  ({dt * 1e3:8.1f} ms)")
 
 
-def process_b(conn, nbytes, conns):
-    remote_engine_bytes, remote_mem_bytes = conn.recv()
+def process_b(conn, directory, nbytes, conns):
     engine = make_engine("demo-B", conns)
-    engine.register_remote_engine(EngineDesc.unpack(remote_engine_bytes))
-    remote = MemoryDesc.unpack(remote_mem_bytes)
+    remote = directory.connect(engine, "demo-A", timeout_s=60).memories["buf"]  # waits for A, registers it
     local_buf = torch.zeros(nbytes, dtype=torch.uint8)
     local = engine.register_torch_tensor(local_buf)
     sess = engine.create_session(local, remote)
@@ -116,12 +117,14 @@ def main():
     if nbytes % CHUNK:
         ap.error("--size-mib must be a multiple of 64")
     ctx = mp.get_context("spawn")
-    a_end, b_end = ctx.Pipe()
-    a = ctx.Process(target=process_a, args=(a_end, nbytes, args.num_data_conns))
+    a_end, b_end = ctx.Pipe()  # commands only; descriptors go through the directory
+    directory = TorchStoreDirectory("tcp-demo", host="127.0.0.1", port=0, is_server=True)
+    a = ctx.Process(target=process_a, args=(a_end, directory.port, nbytes, args.num_data_conns))
     a.start()
     try:
-        process_b(b_end, nbytes, args.num_data_conns)
+        process_b(b_end, directory, nbytes, args.num_data_conns)
     finally:
+        directory.close()
         a.join(30)
         if a.is_alive():
             a.kill()

@@ -28,3 +28,15 @@ def pinned_host_bytes() -> int:
     """Bytes of host memory mori_torch holds pinned right now (the TCP
     backend's staging buffers for GPU memory); 0 without GPU support."""
     return torch.classes.mori.Engine.pinned_host_bytes()
+
+
+def install_mori_alias() -> None:
+    """Makes unmodified code that imports ``mori``, ``mori.io`` or
+    ``mori.cpp`` (vLLM's MoRIIO connector, SGLang's mori backend) get
+    mori_torch's objects, in this process and in processes it starts later
+    (it sets MORI_TORCH_MORI_ALIAS=1, which the installed start-up hook
+    honours). Raises ``MoriAliasRefused`` (an ImportError) if a real mori
+    (amd-mori) is importable: the alias never shadows it."""
+    import _mori_torch_alias
+
+    _mori_torch_alias.install()

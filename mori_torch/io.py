@@ -13,6 +13,7 @@ import builtins
 import dataclasses
 import enum
 import functools
+import inspect
 import operator
 from typing import Dict, List, Optional, Sequence
 
@@ -31,6 +32,7 @@ __all__ = [
     "RdmaBackendConfig",
     "XgmiBackendConfig",
     "TcpBackendConfig",
+    "FabricBackendConfig",
     "EngineDesc",
     "MemoryDesc",
     "TransferStatus",
@@ -45,6 +47,7 @@ class BackendType(enum.IntEnum):
     XGMI = 1
     RDMA = 2
     TCP = 3
+    FABRIC = 4  # upstream's UALink scale-up backend: exists for compatibility, create_backend refuses it
 
 
 class MemoryLocationType(enum.IntEnum):
@@ -106,6 +109,15 @@ class XgmiBackendConfig:
 
 
 @dataclasses.dataclass
+class FabricBackendConfig:
+    """Upstream MORI-IO's UALink fabric backend config, for code that names it.
+    mori-torch has no fabric backend: create_backend(BackendType.FABRIC) raises."""
+
+    num_streams: int = 64
+    num_events: int = 64
+
+
+@dataclasses.dataclass
 class TcpBackendConfig:
     sock_sndbuf_bytes: int = 32 * 1024 * 1024
     sock_rcvbuf_bytes: int = 32 * 1024 * 1024
@@ -138,6 +150,49 @@ _CONFIG_TYPES = {
     BackendType.RDMA: RdmaBackendConfig,
     BackendType.XGMI: XgmiBackendConfig,
 }
+
+
+_UNSUPPORTED_BACKENDS = {
+    BackendType.FABRIC: "the FABRIC (UALink scale-up) backend is not supported by mori-torch; "
+                        "use BackendType.XGMI inside a node, RDMA or TCP between nodes",
+}
+
+
+def _upstream_keywords(**aliases: str):
+    """Accepts upstream mori.io's keyword names beside ours (``engine_desc=``
+    for ``desc=``, ``transfer_uid=`` for ``uid=``, ...).
+
+    Upstream and mori-torch disagree on a few parameter names; code written
+    for either must run unchanged. Passing both spellings is a TypeError. The
+    wrapper's signature lists the upstream names as keyword-only parameters,
+    so ``inspect.signature`` (and the compatibility test) sees both. Calls
+    without keywords (the hot path) go straight through.
+    """
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        # Ours stay positional-or-keyword; a caller using the upstream name
+        # leaves ours unset, so the advertised signature gives them a default.
+        params = [q.replace(default=None) if q.name in aliases.values() and q.default is q.empty else q
+                  for q in params]
+        extra = [inspect.Parameter(up, inspect.Parameter.KEYWORD_ONLY, default=None) for up in aliases]
+        call_sig = sig.replace(parameters=sorted(params + extra, key=lambda q: q.kind))
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if kwargs:
+                for up, own in aliases.items():
+                    if up in kwargs:
+                        if own in kwargs:
+                            raise TypeError(f"{fn.__qualname__}: got both {own}= and its upstream name {up}=")
+                        kwargs[own] = kwargs.pop(up)
+            return fn(*args, **kwargs)
+
+        call.__signature__ = call_sig
+        return call
+
+    return wrap
 
 
 def _config_dict(config) -> Dict[str, int]:
@@ -229,6 +284,11 @@ class TransferStatus:
     def WaitFor(self, timeout_ms: int = -1) -> StatusCode:
         """Waits up to timeout_ms (0: poll once, <0: forever); returns the code seen."""
         return StatusCode(self._s.WaitFor(_index("timeout_ms", timeout_ms)))
+
+    def WaitBusy(self, timeout_ms: int = -1) -> StatusCode:
+        """Upstream's spinning wait; here the same as WaitFor (which also
+        releases the GIL), kept so code calling it runs unchanged."""
+        return self.WaitFor(timeout_ms)
 
     def __repr__(self) -> str:
         code = self.Code()
@@ -373,6 +433,7 @@ class IOEngineSession:
         self._check_open()
         return self._s.allocate_transfer_uid()
 
+    @_upstream_keywords(transfer_uid="uid")
     def read(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
         self._check_open()
         try:
@@ -381,6 +442,7 @@ class IOEngineSession:
             _raise_if_type_error(e)
             raise
 
+    @_upstream_keywords(transfer_uid="uid")
     def write(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
         self._check_open()
         try:
@@ -389,10 +451,12 @@ class IOEngineSession:
             _raise_if_type_error(e)
             raise
 
+    @_upstream_keywords(transfer_uid="uid")
     def batch_read(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
         """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
         return self._batch(self._s.batch_read, self._s.batch_read_tensors, local_offsets, remote_offsets, sizes, uid)
 
+    @_upstream_keywords(transfer_uid="uid")
     def batch_write(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
         """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
         return self._batch(self._s.batch_write, self._s.batch_write_tensors, local_offsets, remote_offsets, sizes,
@@ -432,6 +496,9 @@ class IOEngine:
         # Registered tensors stay alive until deregistered: the engine may
         # touch their memory at any time.
         self._tensors: Dict[int, torch.Tensor] = {}
+        # Called first thing in shutdown(): rendezvous directories take the
+        # engine's entry out, so peers never look up an engine that is gone.
+        self._shutdown_hooks: List = []
 
     @property
     def key(self) -> str:
@@ -444,6 +511,8 @@ class IOEngine:
     @_native_call
     def create_backend(self, type, config=None) -> None:
         btype = BackendType(type)
+        if btype in _UNSUPPORTED_BACKENDS:
+            raise NotImplementedError(f"create_backend({btype.name}): {_UNSUPPORTED_BACKENDS[btype]}")
         cls = _CONFIG_TYPES.get(btype)
         if cls is None:
             raise ValueError(f"create_backend: unsupported backend type {btype!r}")
@@ -461,12 +530,23 @@ class IOEngine:
         self._e.remove_backend(int(BackendType(type)))
 
     @_native_call
+    @_upstream_keywords(engine_desc="desc")
     def register_remote_engine(self, desc: EngineDesc) -> None:
         self._e.register_remote_engine(_check_desc("desc", desc, EngineDesc))
 
     @_native_call
-    def deregister_remote_engine(self, desc: EngineDesc) -> None:
-        self._e.deregister_remote_engine(_check_desc("desc", desc, EngineDesc))
+    @_upstream_keywords(engine_desc="desc")
+    def deregister_remote_engine(self, desc: EngineDesc, *, reason: str = "") -> None:
+        """Forgets a remote engine; its in-flight transfers end with
+        ERR_BAD_STATE. ``reason`` (a mori_torch extension) goes into their
+        messages, e.g. "peer left: ..." from a rendezvous directory."""
+        d = _check_desc("desc", desc, EngineDesc)
+        if not isinstance(reason, str):
+            raise TypeError(f"deregister_remote_engine: reason must be a str, got {type(reason).__name__}")
+        if reason:
+            self._e.deregister_remote_engine_because(d, reason)
+        else:
+            self._e.deregister_remote_engine(d)
 
     @_native_call
     def register_memory(self, ptr: int, size: int, device_id: int, mem_loc) -> MemoryDesc:
@@ -484,6 +564,7 @@ class IOEngine:
         return desc
 
     @_native_call
+    @_upstream_keywords(mem_desc="desc")
     def deregister_memory(self, desc: MemoryDesc) -> None:
         self._e.deregister_memory(_check_desc("desc", desc, MemoryDesc))
         self._tensors.pop(desc.id, None)
@@ -492,6 +573,7 @@ class IOEngine:
     def allocate_transfer_uid(self) -> int:
         return self._e.allocate_transfer_uid()
 
+    @_upstream_keywords(transfer_uid="uid")
     def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid) -> TransferStatus:
         try:
             return TransferStatus(
@@ -504,6 +586,7 @@ class IOEngine:
             _raise_if_type_error(e)
             raise
 
+    @_upstream_keywords(transfer_uid="uid")
     def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid) -> TransferStatus:
         try:
             return TransferStatus(
@@ -530,18 +613,22 @@ class IOEngine:
             _raise_if_type_error(e)
             raise
 
+    @_upstream_keywords(transfer_uid="uids")
     def batch_read(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
         return self._batch(self._e.batch_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 
+    @_upstream_keywords(transfer_uid="uids")
     def batch_write(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
         return self._batch(self._e.batch_write, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 
     @_native_call
+    @_upstream_keywords(local_mem="local", remote_mem="remote")
     def create_session(self, local: MemoryDesc, remote: MemoryDesc) -> Optional[IOEngineSession]:
         s = self._e.create_session(_check_desc("local", local, MemoryDesc), _check_desc("remote", remote, MemoryDesc))
         return None if s is None else IOEngineSession(s, self)
 
     @_native_call
+    @_upstream_keywords(transfer_uid="uid")
     def pop_inbound_transfer_status(self, remote_key: str, uid: int) -> Optional[TransferStatus]:
         s = self._e.pop_inbound_transfer_status(remote_key, _index("uid", uid))
         return None if s is None else TransferStatus(s)
@@ -571,6 +658,11 @@ class IOEngine:
         calling shutdown() again does nothing."""
         if isinstance(self._e, _ShutDownEngine):
             return
+        hooks, self._shutdown_hooks = self._shutdown_hooks, []
+        for hook in hooks:
+            fn = hook()  # weak references: a hook never keeps its owner alive
+            if fn is not None:
+                fn()
         self._e.shutdown()
         self._e = _ShutDownEngine(self._key)
         self._tensors.clear()

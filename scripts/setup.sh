@@ -12,12 +12,13 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
 # System packages: a compiler toolchain, CMake + Ninja and GoogleTest for the
 # torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check,
 # verbs headers (the RDMA backend compiles against them; libibverbs itself is
-# loaded at run time), QEMU + image tools for the Soft-RoCE test VM, clang
-# with its compiler-rt (libFuzzer, ASan/UBSan) for the fuzz targets, and
-# iproute2 + nftables for the fault tests in network namespaces.
+# loaded at run time), QEMU + image tools for the Soft-RoCE test VM, etcd-server,
+# which the rendezvous tests start on a free loopback port, clang with its
+# compiler-rt (libFuzzer, ASan/UBSan) for the fuzz targets, and iproute2 +
+# nftables for the fault tests in network namespaces.
 missing() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
 mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev \
-  clang-15 iproute2 nftables)
+  etcd-server clang-15 iproute2 nftables)
 # Without recommends: QEMU's would pull in a desktop stack.
 mapfile -t need_vm < <(missing qemu-system-x86 mmdebstrap cpio kmod xz-utils)
 if ((${#need[@]} + ${#need_vm[@]})); then
@@ -30,7 +31,8 @@ fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout
+# etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous").
+"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7"
 # --no-build-isolation: compile against the torch just installed, not a fresh one.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VENV/bin/pip" install -q --no-build-isolation -e .
 "$VENV/bin/python" -c "import mori_torch, torch; print('mori_torch built against torch', torch.__version__)"

@@ -86,8 +86,9 @@ class Backend {
                         const EngineDesc& remote_engine) const = 0;
   // Returns the cached peer for `remote`, creating it on first use.
   virtual std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) = 0;
-  // Drops the peer: its in-flight transfers end with an error.
-  virtual void RemovePeer(const std::string& key) = 0;
+  // Drops the peer: its in-flight transfers end with an error whose
+  // message carries `reason` (why the engine dropped it).
+  virtual void RemovePeer(const std::string& key, const std::string& reason) = 0;
   // Engine `owner_key` deregistered memories `ids` that this backend may
   // have watched (BackendContext::watch_remote_memory): later transfers to
   // them must fail, and by the time this returns nothing this backend

@@ -144,13 +144,13 @@ void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
     MORI_LOG(Info, "register_remote_engine: '" << desc.key << "' re-registered with a new descriptor");
     control_clients_.erase(desc.key);
     lk.unlock();
-    ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key); });
+    ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key, "remote engine '" + desc.key + "' was re-registered"); });
     lk.lock();
   }
   remotes_[desc.key] = desc;
 }
 
-void Engine::DeregisterRemoteEngine(const EngineDesc& desc) {
+void Engine::DeregisterRemoteEngine(const EngineDesc& desc, const std::string& reason) {
   CheckAlive("deregister_remote_engine");
   {
     std::unique_lock<std::shared_mutex> lk(remotes_mu_);
@@ -160,7 +160,9 @@ void Engine::DeregisterRemoteEngine(const EngineDesc& desc) {
     }
     control_clients_.erase(desc.key);
   }
-  ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key); });
+  const std::string why = reason.empty() ? "remote engine '" + desc.key + "' was deregistered"
+                                         : "remote engine '" + desc.key + "': " + reason;
+  ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key, why); });
 }
 
 MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, MemoryLocationType loc) {

@@ -43,7 +43,10 @@ class Engine : public ControlPlaneDelegate {
   bool HasBackend(BackendType type) const;
 
   void RegisterRemoteEngine(const EngineDesc& desc);
-  void DeregisterRemoteEngine(const EngineDesc& desc);
+  // Ends the remote engine's in-flight transfers with ERR_BAD_STATE; their
+  // message names `reason` when given (e.g. "peer left: ..." from a
+  // rendezvous directory that saw the peer's entry vanish).
+  void DeregisterRemoteEngine(const EngineDesc& desc, const std::string& reason = {});
 
   MemoryDesc RegisterMemory(uint64_t ptr, int64_t size, int device_id, MemoryLocationType loc);
   void DeregisterMemory(const MemoryDesc& desc);

@@ -275,6 +275,13 @@ TORCH_LIBRARY(mori, m) {
                return 0;
              });
            })
+      .def("deregister_remote_engine_because",
+           [](const EngineRef& self, const EngineDescRef& d, const std::string& reason) {
+             Guard([&] {
+               self->e->DeregisterRemoteEngine(d->d, reason);
+               return 0;
+             });
+           })
       .def("register_memory",
            [](const EngineRef& self, int64_t ptr, int64_t size, int64_t device_id, int64_t loc) {
              return Guard([&] {

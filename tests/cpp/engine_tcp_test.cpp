@@ -742,6 +742,20 @@ TEST_P(EngineTcpTest, DeregisterRemoteEngineEndsTransfersInFlight) {
   EXPECT_TRUE(st.back()->Failed());
 }
 
+// A rendezvous directory that sees a peer leave deregisters it with a reason;
+// the transfers it ends say so, with ERR_BAD_STATE.
+TEST_P(EngineTcpTest, DeregisterRemoteEngineWithReasonNamesItInFailedTransfers) {
+  auto st = Flood(*a_, amem_, bmem_);
+  a_->DeregisterRemoteEngine(b_->Desc(), "peer left (its directory entry vanished)");
+  for (size_t i = 0; i < st.size(); ++i) {
+    StatusCode c = st[i]->WaitFor(10000);
+    EXPECT_TRUE(IsTerminal(c)) << "transfer " << i << " still " << StatusCodeName(c);
+  }
+  ASSERT_TRUE(st.back()->Failed());
+  EXPECT_EQ(st.back()->Code(), StatusCode::ERR_BAD_STATE) << st.back()->Message();
+  EXPECT_TRUE(Contains(st.back()->Message(), "peer left")) << st.back()->Message();
+}
+
 TEST_P(EngineTcpTest, DeregisterLocalMemoryWithTransfersInFlight) {
   auto st = Flood(*a_, amem_, bmem_);
   const auto t0 = std::chrono::steady_clock::now();

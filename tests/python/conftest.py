@@ -134,3 +134,35 @@ class RemoteTarget:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5)
+
+
+# ---- rendezvous: real etcd and TCPStore ------------------------------------
+
+def free_port() -> int:
+    from mori_torch.rendezvous.local_etcd import free_port as _free_port
+
+    return _free_port()
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory):
+    """Debian's etcd-server on free loopback ports (scripts/setup.sh installs it)."""
+    from mori_torch.rendezvous.local_etcd import LocalEtcd
+
+    try:
+        srv = LocalEtcd(str(tmp_path_factory.mktemp("etcd") / "data")).start()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield srv
+    srv.kill()
+
+
+def make_directory(kind: str, address: str, namespace: str, ttl_s: float, **kw):
+    """A directory of `kind` ("tcpstore": address host:port of a TCPStore
+    server; "etcd": its endpoint URL) as a client."""
+    from mori_torch.rendezvous import EtcdDirectory, TorchStoreDirectory
+
+    if kind == "etcd":
+        return EtcdDirectory(namespace, address, ttl_s=ttl_s, **kw)
+    host, port = address.rsplit(":", 1)
+    return TorchStoreDirectory(namespace, host=host, port=int(port), ttl_s=ttl_s, **kw)

@@ -35,7 +35,8 @@ def test_exports():
 
 
 def test_enum_values():
-    assert [(m.name, m.value) for m in BackendType] == [("Unknown", 0), ("XGMI", 1), ("RDMA", 2), ("TCP", 3)]
+    assert [(m.name, m.value) for m in BackendType] == [("Unknown", 0), ("XGMI", 1), ("RDMA", 2), ("TCP", 3),
+                                                         ("FABRIC", 4)]
     assert [(m.name, m.value) for m in MemoryLocationType] == [("Unknown", 0), ("CPU", 1), ("GPU", 2)]
     assert {m.name: m.value for m in StatusCode} == {
         "SUCCESS": 0, "INIT": 1, "IN_PROGRESS": 2, "ERR_INVALID_ARGS": 11, "ERR_NOT_FOUND": 12,
@@ -60,7 +61,13 @@ def test_config_defaults_and_positional_order():
 
 
 def test_method_signatures_match_reference():
-    params = lambda f: list(inspect.signature(f).parameters)[1:]  # noqa: E731
+    # Positional parameters as in the reference; upstream mori's other
+    # spellings are extra keyword-only parameters (test_mori_alias.py).
+    params = lambda f: [p.name for p in inspect.signature(f).parameters.values()  # noqa: E731
+                        if p.kind is p.POSITIONAL_OR_KEYWORD][1:]
+    kwonly = lambda f: [p.name for p in inspect.signature(f).parameters.values()  # noqa: E731
+                        if p.kind is p.KEYWORD_ONLY]
+    assert kwonly(IOEngine.read) == ["transfer_uid"] and kwonly(IOEngine.create_session) == ["local_mem", "remote_mem"]
     assert params(IOEngine.read) == ["local_dest", "local_offset", "remote_src", "remote_offset", "size", "uid"]
     assert params(IOEngine.write) == ["local_src", "local_offset", "remote_dest", "remote_offset", "size", "uid"]
     assert params(IOEngine.batch_read) == [

@@ -52,8 +52,8 @@ std::shared_ptr<BackendPeer> RdmaBackend::Peer(const EngineDesc& remote) {
   });
 }
 
-void RdmaBackend::RemovePeer(const std::string& key) {
-  if (auto p = peers_.Take(key)) p->Close("remote engine '" + key + "' was deregistered");
+void RdmaBackend::RemovePeer(const std::string& key, const std::string& reason) {
+  if (auto p = peers_.Take(key)) p->Close(reason);
 }
 
 void RdmaBackend::ServeData(const EngineDesc& peer, Socket& sock) {

@@ -103,7 +103,7 @@ class RdmaBackend : public Backend {
   BackendType Type() const override { return BackendType::RDMA; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
-  void RemovePeer(const std::string& key) override;
+  void RemovePeer(const std::string& key, const std::string& reason) override;
   bool AcceptsDataConnections() const override { return true; }
   void ServeData(const EngineDesc& peer, Socket& sock) override;
   void Shutdown() override;

@@ -27,8 +27,8 @@ std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
   });
 }
 
-void TcpBackend::RemovePeer(const std::string& key) {
-  if (auto p = peers_.Take(key)) p->Close("remote engine '" + key + "' was deregistered");
+void TcpBackend::RemovePeer(const std::string& key, const std::string& reason) {
+  if (auto p = peers_.Take(key)) p->Close(reason);
 }
 
 TcpBackend::TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)

@@ -55,7 +55,7 @@ class TcpBackend : public Backend {
   BackendType Type() const override { return BackendType::TCP; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
-  void RemovePeer(const std::string& key) override;
+  void RemovePeer(const std::string& key, const std::string& reason) override;
   bool AcceptsDataConnections() const override { return true; }
   bool AdoptData(const EngineDesc& peer, InboundConnection& conn) override;
   void Shutdown() override;

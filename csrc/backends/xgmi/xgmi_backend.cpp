@@ -73,7 +73,7 @@ std::shared_ptr<BackendPeer> XgmiBackend::Peer(const EngineDesc& remote) {
   });
 }
 
-void XgmiBackend::RemovePeer(const std::string& key) {
+void XgmiBackend::RemovePeer(const std::string& key, const std::string& /*reason*/) {
   if (auto p = peers_.Take(key)) p->Close();
 }
 

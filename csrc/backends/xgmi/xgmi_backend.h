@@ -142,7 +142,7 @@ class XgmiBackend : public Backend {
   BackendType Type() const override { return BackendType::XGMI; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
-  void RemovePeer(const std::string& key) override;
+  void RemovePeer(const std::string& key, const std::string& reason) override;
   void RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids) override;
   void Shutdown() override;
   // Waits until every copy enqueued so far on this backend's streams ran.
