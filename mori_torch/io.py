@@ -141,6 +141,13 @@ class TcpBackendConfig:
     # direction, staging_depth chunks of staging_chunk_bytes in flight.
     staging_chunk_bytes: int = 512 * 1024
     staging_depth: int = 4
+    # A transfer whose connection moves no byte for this long fails (and the
+    # connection with it), long before op_timeout_ms (the whole operation).
+    # A slow but live link keeps moving bytes and is not cut off.
+    inactivity_timeout_ms: int = 10000
+    # Threads serving inbound requests (and, each, sending and receiving for
+    # outbound ones), whatever the number of connections; 0: from the cores.
+    serve_threads: int = 0
 
 
 _CONFIG_TYPES = {
@@ -382,6 +389,32 @@ def _check_desc(name: str, d, cls):
     return d._d
 
 
+class _ShutDownEngine:
+    """Stands in for the native engine after IOEngine.shutdown(): every call raises."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: str):
+        self._key = key
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"IOEngine '{self._key}' is shut down ({name} called after shutdown())")
+
+
+def _native_call(fn):
+    """Wraps an IOEngine method: TorchScript argument-type errors become TypeError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as e:
+            _raise_if_type_error(e)
+            raise
+
+    return wrapper
+
+
 def _wrap_all(natives) -> List[TransferStatus]:
     return [TransferStatus(s) for s in natives]
 
@@ -391,18 +424,25 @@ class IOEngineSession:
 
     # Bound native methods of the single transfers, fetched once: fetching a
     # TorchScript method costs about as much as calling it.
-    __slots__ = ("_s", "_read", "_write")
+    __slots__ = ("_s", "_read", "_write", "_engine")
 
-    def __init__(self, _native_session):
+    def __init__(self, _native_session, _engine=None):
         self._s = _native_session
         self._read = _native_session.read
         self._write = _native_session.write
+        self._engine = _engine
+
+    def _check_open(self):
+        if self._engine is not None and isinstance(self._engine._e, _ShutDownEngine):
+            raise RuntimeError(f"IOEngine '{self._engine.key}' of this session is shut down")
 
     def allocate_transfer_uid(self) -> int:
+        self._check_open()
         return self._s.allocate_transfer_uid()
 
     @_upstream_keywords(transfer_uid="uid")
     def read(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
+        self._check_open()
         try:
             return TransferStatus(self._read(local_offset, remote_offset, size, uid))
         except RuntimeError as e:
@@ -411,6 +451,7 @@ class IOEngineSession:
 
     @_upstream_keywords(transfer_uid="uid")
     def write(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
+        self._check_open()
         try:
             return TransferStatus(self._write(local_offset, remote_offset, size, uid))
         except RuntimeError as e:
@@ -428,8 +469,8 @@ class IOEngineSession:
         return self._batch(self._s.batch_write, self._s.batch_write_tensors, local_offsets, remote_offsets, sizes,
                            uid)
 
-    @staticmethod
-    def _batch(from_lists, from_tensors, local_offsets, remote_offsets, sizes, uid):
+    def _batch(self, from_lists, from_tensors, local_offsets, remote_offsets, sizes, uid):
+        self._check_open()
         try:
             if isinstance(local_offsets, torch.Tensor):
                 return TransferStatus(from_tensors(local_offsets, remote_offsets, sizes, uid))
@@ -439,6 +480,7 @@ class IOEngineSession:
             raise
 
     def alive(self) -> bool:
+        self._check_open()
         return self._s.alive()
 
     @property
@@ -471,9 +513,11 @@ class IOEngine:
     def key(self) -> str:
         return self._key
 
+    @_native_call
     def get_engine_desc(self) -> EngineDesc:
         return EngineDesc(self._e.get_engine_desc())
 
+    @_native_call
     def create_backend(self, type, config=None) -> None:
         btype = BackendType(type)
         if btype in _UNSUPPORTED_BACKENDS:
@@ -490,13 +534,16 @@ class IOEngine:
             )
         self._e.create_backend(int(btype), _config_dict(config))
 
+    @_native_call
     def remove_backend(self, type) -> None:
         self._e.remove_backend(int(BackendType(type)))
 
+    @_native_call
     @_upstream_keywords(engine_desc="desc")
     def register_remote_engine(self, desc: EngineDesc) -> None:
         self._e.register_remote_engine(_check_desc("desc", desc, EngineDesc))
 
+    @_native_call
     @_upstream_keywords(engine_desc="desc")
     def deregister_remote_engine(self, desc: EngineDesc, *, reason: str = "") -> None:
         """Forgets a remote engine; its in-flight transfers end with
@@ -510,12 +557,14 @@ class IOEngine:
         else:
             self._e.deregister_remote_engine(d)
 
+    @_native_call
     def register_memory(self, ptr: int, size: int, device_id: int, mem_loc) -> MemoryDesc:
         loc = MemoryLocationType(mem_loc)
         return MemoryDesc(
             self._e.register_memory(_index("ptr", ptr), _index("size", size), _index("device_id", device_id), int(loc))
         )
 
+    @_native_call
     def register_torch_tensor(self, tensor: torch.Tensor) -> MemoryDesc:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"register_torch_tensor: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -523,11 +572,13 @@ class IOEngine:
         self._tensors[desc.id] = tensor
         return desc
 
+    @_native_call
     @_upstream_keywords(mem_desc="desc")
     def deregister_memory(self, desc: MemoryDesc) -> None:
         self._e.deregister_memory(_check_desc("desc", desc, MemoryDesc))
         self._tensors.pop(desc.id, None)
 
+    @_native_call
     def allocate_transfer_uid(self) -> int:
         return self._e.allocate_transfer_uid()
 
@@ -579,16 +630,19 @@ class IOEngine:
     def batch_write(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
         return self._batch(self._e.batch_write, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 
+    @_native_call
     @_upstream_keywords(local_mem="local", remote_mem="remote")
     def create_session(self, local: MemoryDesc, remote: MemoryDesc) -> Optional[IOEngineSession]:
         s = self._e.create_session(_check_desc("local", local, MemoryDesc), _check_desc("remote", remote, MemoryDesc))
-        return None if s is None else IOEngineSession(s)
+        return None if s is None else IOEngineSession(s, self)
 
+    @_native_call
     @_upstream_keywords(transfer_uid="uid")
     def pop_inbound_transfer_status(self, remote_key: str, uid: int) -> Optional[TransferStatus]:
         s = self._e.pop_inbound_transfer_status(remote_key, _index("uid", uid))
         return None if s is None else TransferStatus(s)
 
+    @_native_call
     def wait_all(self, statuses: Sequence[Optional[TransferStatus]], timeout_ms: int = -1) -> StatusCode:
         natives = []
         for s in statuses:
@@ -599,6 +653,7 @@ class IOEngine:
             natives.append(s._s)
         return StatusCode(self._e.wait_all(natives, _index("timeout_ms", timeout_ms)))
 
+    @_native_call
     def mapped_remote_memories(self) -> int:
         """How many peers' memories this engine holds mapped (XGMI IPC
         mappings); a mapping closes when its owner deregisters the memory,
@@ -606,11 +661,17 @@ class IOEngine:
         return int(self._e.mapped_remote_memories())
 
     def shutdown(self) -> None:
-        """Ends in-flight transfers with an error and stops the engine's threads."""
+        """Ends in-flight transfers with an error and stops the engine's threads.
+
+        Every later call on this engine (and its sessions) raises RuntimeError;
+        calling shutdown() again does nothing."""
+        if isinstance(self._e, _ShutDownEngine):
+            return
         hooks, self._shutdown_hooks = self._shutdown_hooks, []
         for hook in hooks:
             fn = hook()  # weak references: a hook never keeps its owner alive
             if fn is not None:
                 fn()
         self._e.shutdown()
+        self._e = _ShutDownEngine(self._key)
         self._tensors.clear()

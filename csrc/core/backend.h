@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/control_plane.h"
 #include "core/descriptors.h"
+#include "core/event_loop.h"
 #include "core/memory_registry.h"
 #include "core/net.h"
 #include "core/notification_table.h"
@@ -45,6 +47,9 @@ struct BackendContext {
   // Backend::RevokeRemoteMemory) and checks that it is still registered as
   // described; throws Error (ERR_NOT_FOUND) when it is not.
   std::function<void(const MemoryDesc& remote)> watch_remote_memory;
+  // The engine's event loop, for backends that serve their inbound data
+  // connections on it (outlives every backend; stopped after them).
+  EventLoop* loop = nullptr;
 };
 
 // A backend's link to one remote engine, cached by the backend and pinned by
@@ -95,6 +100,10 @@ class Backend {
   virtual size_t MappedRemoteMemories() { return 0; }
   // Serves an inbound data connection until it ends; default refuses.
   virtual bool AcceptsDataConnections() const { return false; }
+  // Takes an inbound data connection to serve on the event loop (and its
+  // own bounded workers); false: serve it with the blocking ServeData on a
+  // thread of the connection's own.
+  virtual bool AdoptData(const EngineDesc& /*peer*/, InboundConnection& /*conn*/) { return false; }
   virtual void ServeData(const EngineDesc& /*peer*/, Socket& /*sock*/) {}
   // Ends everything in flight with an error and releases all resources.
   // After it, Submit on any of its peers fails at once. Idempotent.

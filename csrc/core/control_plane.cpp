@@ -1,9 +1,12 @@
 #include "core/control_plane.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cstring>
 
@@ -12,6 +15,15 @@
 #include "core/memory_registry.h"
 
 namespace mori_torch {
+namespace {
+
+// Milliseconds left until `d`, at least 1 (0 would mean "do not wait").
+int MsLeft(Deadline d) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(left, 1 << 30)));
+}
+
+}  // namespace
 
 std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg) {
   ByteWriter w;
@@ -40,9 +52,12 @@ std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const Eng
   return std::move(w.bytes());
 }
 
-Hello ParseHello(const uint8_t* payload, size_t n) {
+Hello DecodeHello(const Frame& f) {
+  if (f.type != FrameType::Hello) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "expected Hello, got frame type " + std::to_string(static_cast<int>(f.type)));
+  }
+  ByteReader rd(f.payload.data(), f.payload.size(), "Hello frame");
   Hello h;
-  ByteReader rd(payload, n, "Hello frame");
   uint8_t k = rd.Get<uint8_t>("kind");
   if (k != static_cast<uint8_t>(ConnectionKind::Control) && k != static_cast<uint8_t>(ConnectionKind::Data)) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "unknown connection kind " + std::to_string(k));
@@ -62,207 +77,339 @@ Hello ParseHello(const uint8_t* payload, size_t n) {
   return h;
 }
 
-namespace {
+ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts, EventLoop* loop)
+    : delegate_(delegate),
+      opts_(opts),
+      loop_(loop),
+      limits_(std::make_shared<ConnectionLimits>(opts.caps)),
+      handlers_("control plane", opts.handler_threads) {}
 
-std::string PeerAddress(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-    if (ss.ss_family == AF_INET) {
-      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-      port = ntohs(a->sin_port);
-    } else if (ss.ss_family == AF_INET6) {
-      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-      port = ntohs(a->sin6_port);
-    }
-  }
-  return std::string(host) + ":" + std::to_string(port);
+ControlPlaneServer::~ControlPlaneServer() {
+  Stop();
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
 }
-
-}  // namespace
-
-std::string ControlPlaneServer::Authenticate(int fd, const Hello& hello, const std::vector<uint8_t>& hello_bytes) {
-  const std::string& secret = opts_.secret;
-  const std::string& self_key = delegate_->SelfDesc().key;
-  if (secret.empty()) {
-    if (hello.auth.version == 0) return "";
-    return "this engine has no secret configured, but the connecting engine '" + hello.peer.key +
-           "' requires authentication: set the same secret on both (IOEngineConfig(secret=...) or MORI_TORCH_SECRET)";
-  }
-  if (hello.auth.version == 0) {
-    return "this engine requires authentication and the connecting engine '" + hello.peer.key +
-           "' has no secret: set the same secret on both (IOEngineConfig(secret=...) or MORI_TORCH_SECRET)";
-  }
-  auth::ServerHandshake hs(secret, hello_bytes, self_key);
-  if (!WriteFrame(fd, FrameType::AuthChallenge, hs.Challenge(), opts_.frame_timeout_ms).ok) {
-    return "connection lost during authentication";
-  }
-  Frame proof;
-  IoResult r = ReadFrame(fd, &proof, opts_.hello_timeout_ms, opts_.frame_timeout_ms);
-  if (!r.ok) return "no authentication proof: " + r.error;
-  if (proof.type == FrameType::Error) {
-    return "the connecting engine refused this engine's proof: " +
-           std::string(DecodeErrorPayload(proof, "'" + hello.peer.key + "'").what());
-  }
-  if (proof.type != FrameType::AuthProof) {
-    return "expected AuthProof, got frame type " + std::to_string(static_cast<int>(proof.type));
-  }
-  std::string why = hs.VerifyProof(proof.payload.data(), proof.payload.size());
-  return why.empty() ? "" : "authentication failed: " + why;
-}
-
-ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts)
-    : delegate_(delegate), opts_(opts) {}
-
-ControlPlaneServer::~ControlPlaneServer() { Stop(); }
 
 int ControlPlaneServer::Start(const std::string& host, int port) {
   int bound = 0;
   listener_ = Listen(host, port, &bound);
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  ::fcntl(listener_.fd(), F_SETFL, ::fcntl(listener_.fd(), F_GETFL) | O_NONBLOCK);
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  listen_fd_.store(listener_.fd());
+  loop_->Add(listener_.fd(), EPOLLIN, -1, [this](uint32_t ev) { OnAcceptable(ev); });
+  loop_->Every(100, [this] { Housekeeping(); });
   return bound;
 }
 
 void ControlPlaneServer::Stop() {
   if (stopping_.exchange(true)) return;
-  listener_.Shutdown();
-  if (accept_thread_.joinable()) accept_thread_.join();
+  listen_fd_.store(-1);
+  if (listener_.valid()) loop_->Remove(listener_.fd());
   listener_.Close();
-  std::list<std::unique_ptr<Conn>> conns;
+  std::unordered_map<int, ConnPtr> conns;
+  std::list<std::unique_ptr<BlockingData>> blocking;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& c : conns_) c->sock.Shutdown();
     conns.swap(conns_);
+    blocking.swap(blocking_);
   }
-  for (auto& c : conns) {
-    if (c->thread.joinable()) c->thread.join();
+  for (auto& kv : conns) {
+    loop_->Remove(kv.first);
+    kv.second->sock.Shutdown();  // ends a handler's blocking write at once
+  }
+  handlers_.Stop();
+  for (auto& b : blocking) b->sock.Shutdown();
+  for (auto& b : blocking) {
+    if (b->thread.joinable()) b->thread.join();
   }
 }
 
 size_t ControlPlaneServer::ConnectionCount() {
   std::lock_guard<std::mutex> lk(mu_);
-  ReapFinished();
-  return conns_.size();
+  size_t n = conns_.size();
+  for (auto& b : blocking_) n += b->done.load() ? 0 : 1;
+  return n;
 }
 
-void ControlPlaneServer::ReapFinished() {  // mu_ held
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    if ((*it)->done.load()) {
-      if ((*it)->thread.joinable()) (*it)->thread.join();
-      it = conns_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void ControlPlaneServer::AcceptLoop() {
-  while (!stopping_.load()) {
-    int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE) {
-        MORI_LOG(Error, "control plane: accept: out of file descriptors");
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      if (!stopping_.load()) MORI_LOG(Error, "control plane: accept failed: " << std::strerror(errno));
-      return;
-    }
+void ControlPlaneServer::Housekeeping() {
+  if (stopping_.load()) return;
+  // Threads of finished blocking data connections are joined here.
+  std::list<std::unique_ptr<BlockingData>> finished;
+  {
     std::lock_guard<std::mutex> lk(mu_);
-    ReapFinished();
-    if (stopping_.load()) {
-      ::close(fd);
-      return;
+    for (auto it = blocking_.begin(); it != blocking_.end();) {
+      if ((*it)->done.load()) {
+        finished.push_back(std::move(*it));
+        it = blocking_.erase(it);
+      } else {
+        ++it;
+      }
     }
-    auto c = std::make_unique<Conn>();
-    c->sock = Socket(fd);
-    Conn* raw = c.get();
-    conns_.push_back(std::move(c));
-    raw->thread = std::thread([this, raw] {
-      Serve(raw);
-      // Tell the peer now: the fd itself is only closed when the connection
-      // is reaped (next accept), and Stop() may still shut it down, so it
-      // must not be closed (and its number reused) from this thread.
-      raw->sock.Shutdown();
-      raw->done.store(true);
-    });
+  }
+  for (auto& b : finished) b->thread.join();
+  // Out of descriptors a while ago: try again (it recovers by itself once
+  // descriptors are free).
+  if (accept_paused_.exchange(false)) {
+    if (reserve_fd_ < 0) reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int fd = listen_fd_.load();
+    if (fd >= 0) loop_->Rearm(fd, EPOLLIN);
   }
 }
 
-void ControlPlaneServer::Serve(Conn* c) {
-  const int fd = c->sock.fd();
-  SetNoDelay(fd, true);
-  Frame hello;
-  IoResult r = ReadFrame(fd, &hello, opts_.hello_timeout_ms, opts_.frame_timeout_ms);
-  if (!r.ok) {
-    MORI_LOG(Warning, "control plane: closing new connection: " << r.error);
+bool ControlPlaneServer::DropOnePending() {
+  fd_drops_.fetch_add(1);
+  if (reserve_fd_ < 0) return false;
+  ::close(reserve_fd_);
+  reserve_fd_ = -1;
+  int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) ::close(fd);  // the peer sees the connection closed, not a hang
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0 && reserve_fd_ >= 0;
+}
+
+void ControlPlaneServer::OnAcceptable(uint32_t) {
+  // A bounded number per wake-up, so other sockets of the loop get their turn.
+  for (int i = 0; i < 64 && !stopping_.load(); ++i) {
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    int fd = ::accept4(listener_.fd(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      char ip[INET_ADDRSTRLEN] = "?";
+      ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+      AcceptOne(fd, ip);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      MORI_LOG(Error, "control plane: out of file descriptors (" << std::strerror(errno)
+                                                                  << "); dropping new connections until some are free");
+      if (!DropOnePending()) {
+        accept_paused_.store(true);  // Housekeeping re-arms the listener
+        return;
+      }
+      continue;
+    }
+    MORI_LOG(Error, "control plane: accept failed: " << std::strerror(errno));
+    accept_paused_.store(true);
     return;
   }
+  if (!stopping_.load()) loop_->Rearm(listener_.fd(), EPOLLIN);
+}
+
+void ControlPlaneServer::AcceptOne(int fd, const std::string& ip) {
+  Socket sock(fd);
+  std::string why;
+  auto ticket = limits_->Admit(ip, &why);
+  if (!ticket) {
+    MORI_LOG(Warning, "control plane: refusing a connection from " << ip << ": " << why);
+    return;  // closed: the peer sees it at once
+  }
+  SetNoDelay(fd, true);
+  auto c = std::make_shared<Conn>();
+  c->sock = std::move(sock);
+  c->ticket = std::move(ticket);
+  c->hello_deadline_ms = SteadyMs() + opts_.hello_timeout_ms;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_.load()) return;
+    conns_[fd] = c;
+  }
+  try {
+    loop_->Add(fd, EPOLLIN | EPOLLRDHUP, opts_.hello_timeout_ms, [this, c](uint32_t ev) { OnConnEvent(c, ev); });
+  } catch (const Error& e) {
+    CloseConn(c, e.what());
+  }
+}
+
+void ControlPlaneServer::Rearm(const ConnPtr& c) {
+  int64_t idle = opts_.idle_timeout_ms;
+  const int64_t now = SteadyMs();
+  // The whole handshake (Hello and proof) is bounded by the Hello deadline.
+  if (c->stage != Stage::kServing) idle = std::max<int64_t>(1, c->hello_deadline_ms - now);
+  if (c->frame_started_ms >= 0) idle = std::max<int64_t>(1, c->frame_started_ms + opts_.frame_timeout_ms - now);
+  loop_->Rearm(c->sock.fd(), EPOLLIN | EPOLLRDHUP, idle);
+}
+
+void ControlPlaneServer::CloseConn(const ConnPtr& c, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = conns_.find(c->sock.fd());
+    if (it == conns_.end() || it->second != c) return;  // closed already (Stop)
+    conns_.erase(it);
+  }
+  if (!why.empty()) {
+    MORI_LOG(Warning, "control plane: closing connection from " << c->ticket->ip()
+                                                                 << (c->peer.key.empty() ? "" : " ('" + c->peer.key + "')")
+                                                                 << ": " << why);
+  }
+  loop_->Remove(c->sock.fd());
+  c->sock.Shutdown();  // the fd itself closes with the last reference to c
+}
+
+void ControlPlaneServer::OnConnEvent(const ConnPtr& c, uint32_t events) {
+  if (events == EventLoop::kIdle) {
+    if (c->frame_started_ms >= 0) return CloseConn(c, "peer stalled mid-frame");
+    if (c->stage == Stage::kAuth) {
+      return CloseConn(c, "no authentication proof within " + std::to_string(opts_.hello_timeout_ms) + " ms");
+    }
+    if (c->stage == Stage::kHello) return CloseConn(c, "no Hello within " + std::to_string(opts_.hello_timeout_ms) + " ms");
+    MORI_LOG(Info, "control plane: closing idle connection from '" << c->peer.key << "'");
+    return CloseConn(c, "");
+  }
+  switch (c->reader.ReadSome(c->sock.fd())) {
+    case FrameReader::Step::kNeedMore:
+      if (c->reader.Started() && c->frame_started_ms < 0) c->frame_started_ms = SteadyMs();
+      if (c->frame_started_ms >= 0 && SteadyMs() - c->frame_started_ms > opts_.frame_timeout_ms) {
+        return CloseConn(c, "peer stalled mid-frame");
+      }
+      return Rearm(c);
+    case FrameReader::Step::kClosed:
+      return CloseConn(c, c->reader.Started() ? "peer closed the connection mid-frame" : "");
+    case FrameReader::Step::kError:
+      return CloseConn(c, c->reader.error());
+    case FrameReader::Step::kFrame:
+      break;
+  }
+  c->frame_started_ms = -1;
+  Frame f = c->reader.Take();
+  // Requests may wait (on backends, on the peer reading the reply): off the loop.
+  if (!handlers_.Post([this, c, f = std::move(f)]() mutable { HandleFrame(c, std::move(f)); })) {
+    CloseConn(c, "");
+  }
+}
+
+void ControlPlaneServer::HandleFrame(const ConnPtr& c, Frame f) {
+  const int fd = c->sock.fd();
+  if (c->stage == Stage::kHello) {
+    if (!EstablishConnection(c, f)) return CloseConn(c, "");
+    return;  // EstablishConnection re-armed it or handed it off
+  }
+  if (c->stage == Stage::kAuth) {
+    if (!VerifyProof(c, f)) return CloseConn(c, "");
+    return;  // Admit re-armed it or handed it off
+  }
+  Frame reply;
+  bool keep = false;
+  try {
+    keep = delegate_->HandleControl(c->peer, c->ticket->ip(), f, &reply);
+  } catch (const Error& e) {
+    reply.type = FrameType::Error;
+    reply.payload = EncodeErrorPayload(e.code(), e.what());
+    keep = true;
+  }
+  if (!keep) return CloseConn(c, "unexpected frame type " + std::to_string(static_cast<int>(f.type)));
+  if (!WriteFrame(fd, reply.type, reply.payload, opts_.frame_timeout_ms).ok) return CloseConn(c, "");
+  Rearm(c);
+}
+
+bool ControlPlaneServer::EstablishConnection(const ConnPtr& c, const Frame& hello) {
+  const int fd = c->sock.fd();
   Hello h;
   try {
-    if (hello.type != FrameType::Hello) {
-      throw Error(StatusCode::ERR_INVALID_ARGS,
-                  "expected Hello, got frame type " + std::to_string(static_cast<int>(hello.type)));
-    }
-    h = ParseHello(hello.payload.data(), hello.payload.size());
-    // Nothing is served, not even our descriptor, before the peer proved the secret.
-    std::string why = Authenticate(fd, h, hello.payload);
-    if (!why.empty()) {
-      MORI_LOG(Warning, "control plane: refused connection from " << PeerAddress(fd) << " claiming to be '"
-                                                                  << h.peer.key << "': " << why);
-      WriteFrame(fd, FrameType::Error, EncodeErrorPayload(StatusCode::ERR_BAD_STATE, why), opts_.frame_timeout_ms);
-      return;
-    }
-    if (h.kind == ConnectionKind::Data) {
-      why = delegate_->CanServeData(h.backend);
-      if (!why.empty()) throw Error(StatusCode::ERR_BAD_STATE, why);
-    }
+    h = DecodeHello(hello);
   } catch (const Error& e) {
-    MORI_LOG(Warning, "control plane: rejecting connection: " << e.what());
+    MORI_LOG(Warning, "control plane: rejecting connection from " << c->ticket->ip() << ": " << e.what());
     WriteFrame(fd, FrameType::Error, EncodeErrorPayload(e.code(), e.what()), opts_.frame_timeout_ms);
-    return;
+    return false;
   }
-  if (!WriteFrame(fd, FrameType::HelloAck, delegate_->SelfDesc().Pack(), opts_.frame_timeout_ms).ok) return;
+  c->kind = h.kind;
+  c->backend = h.backend;
+  c->peer = std::move(h.peer);
+  // Handshake stage: nothing is served, not even our descriptor, before the
+  // peer proved the secret.
+  const std::string& secret = opts_.secret;
+  if (secret.empty()) {
+    if (h.auth.version == 0) return Admit(c);
+    return Refuse(c, StatusCode::ERR_BAD_STATE,
+                  "this engine has no secret configured, but the connecting engine '" + c->peer.key +
+                      "' requires authentication: set the same secret on both (IOEngineConfig(secret=...) or "
+                      "MORI_TORCH_SECRET)");
+  }
+  if (h.auth.version == 0) {
+    return Refuse(c, StatusCode::ERR_BAD_STATE,
+                  "this engine requires authentication and the connecting engine '" + c->peer.key +
+                      "' has no secret: set the same secret on both (IOEngineConfig(secret=...) or MORI_TORCH_SECRET)");
+  }
+  c->handshake = std::make_unique<auth::ServerHandshake>(secret, hello.payload, delegate_->SelfDesc().key);
+  if (!WriteFrame(fd, FrameType::AuthChallenge, c->handshake->Challenge(), opts_.frame_timeout_ms).ok) return false;
+  // The proof comes back through the loop, within the Hello deadline.
+  c->stage = Stage::kAuth;
+  Rearm(c);
+  return true;
+}
 
-  const EngineDesc& peer = h.peer;
-  if (h.kind == ConnectionKind::Data) {
-    delegate_->ServeData(h.backend, peer, c->sock);
-    return;
+bool ControlPlaneServer::Refuse(const ConnPtr& c, StatusCode code, const std::string& why) {
+  MORI_LOG(Warning, "control plane: refused connection from " << c->ticket->ip() << " claiming to be '" << c->peer.key
+                                                               << "': " << why);
+  WriteFrame(c->sock.fd(), FrameType::Error, EncodeErrorPayload(code, why), opts_.frame_timeout_ms);
+  return false;
+}
+
+bool ControlPlaneServer::VerifyProof(const ConnPtr& c, const Frame& proof) {
+  if (proof.type == FrameType::Error) {
+    return Refuse(c, StatusCode::ERR_BAD_STATE,
+                  "the connecting engine refused this engine's proof: " +
+                      std::string(DecodeErrorPayload(proof, "'" + c->peer.key + "'").what()));
   }
-  while (!stopping_.load()) {
-    Frame req, reply;
-    r = ReadFrame(fd, &req, -1, opts_.frame_timeout_ms);
-    if (!r.ok) {
-      if (r.error != "peer closed the connection" && !stopping_.load()) {
-        MORI_LOG(Warning, "control plane: closing connection from '" << peer.key << "': " << r.error);
-      }
-      return;
-    }
-    bool keep = false;
-    try {
-      keep = delegate_->HandleControl(peer, req, &reply);
-    } catch (const Error& e) {
-      reply.type = FrameType::Error;
-      reply.payload = EncodeErrorPayload(e.code(), e.what());
-      keep = true;
-    }
-    if (!keep) {
-      MORI_LOG(Warning, "control plane: closing connection from '" << peer.key << "': unexpected frame type "
-                                                                   << static_cast<int>(req.type));
-      return;
-    }
-    if (!WriteFrame(fd, reply.type, reply.payload, opts_.frame_timeout_ms).ok) return;
+  if (proof.type != FrameType::AuthProof) {
+    return Refuse(c, StatusCode::ERR_BAD_STATE,
+                  "expected AuthProof, got frame type " + std::to_string(static_cast<int>(proof.type)));
   }
+  std::string why = c->handshake->VerifyProof(proof.payload.data(), proof.payload.size());
+  c->handshake.reset();
+  if (!why.empty()) return Refuse(c, StatusCode::ERR_BAD_STATE, "authentication failed: " + why);
+  return Admit(c);
+}
+
+bool ControlPlaneServer::Admit(const ConnPtr& c) {
+  const int fd = c->sock.fd();
+  // The identity is the proven one from here on: caps per engine count it,
+  // requests are served as it.
+  std::string why;
+  if (!limits_->BindPeer(*c->ticket, c->peer.key, &why)) return Refuse(c, StatusCode::ERR_BAD_STATE, why);
+  if (c->kind == ConnectionKind::Data) {
+    why = delegate_->CanServeData(c->backend);
+    if (!why.empty()) return Refuse(c, StatusCode::ERR_BAD_STATE, why);
+  }
+  if (!WriteFrame(fd, FrameType::HelloAck, delegate_->SelfDesc().Pack(), opts_.frame_timeout_ms).ok) return false;
+  c->stage = Stage::kServing;
+  if (c->kind == ConnectionKind::Data) {
+    HandOffData(c, c->backend);
+  } else {
+    Rearm(c);
+  }
+  return true;
+}
+
+void ControlPlaneServer::HandOffData(const ConnPtr& c, uint8_t backend) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = conns_.find(c->sock.fd());
+    if (it == conns_.end() || it->second != c) return;  // Stop() took it
+    conns_.erase(it);
+  }
+  loop_->Remove(c->sock.fd());
+  InboundConnection in{std::move(c->sock), std::move(c->ticket), opts_.idle_timeout_ms};
+  if (delegate_->AdoptData(backend, c->peer, in)) return;
+  auto b = std::make_unique<BlockingData>();
+  b->sock = std::move(in.sock);
+  b->ticket = std::move(in.ticket);
+  BlockingData* raw = b.get();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_.load()) return;
+  blocking_.push_back(std::move(b));
+  raw->thread = std::thread([this, raw, backend, peer = c->peer] {
+    delegate_->ServeData(backend, peer, raw->sock);
+    raw->sock.Shutdown();  // closed when joined (Stop() may still shut it down)
+    raw->done.store(true);
+  });
 }
 
 Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, ConnectionKind kind, uint8_t backend,
                             int timeout_ms, const std::string& secret) {
   const std::string where = "engine '" + remote.key + "' at " + remote.host + ":" + std::to_string(remote.port);
+  // One bound for connecting and the Hello exchange together.
+  const Deadline deadline = DeadlineAfterMs(timeout_ms);
   Socket s;
   try {
     s = Connect(remote.host, remote.port, timeout_ms);
@@ -273,21 +420,21 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   std::unique_ptr<auth::ClientHandshake> hs;
   if (!secret.empty()) hs = std::make_unique<auth::ClientHandshake>(secret, remote.key);
   const std::vector<uint8_t> hello = EncodeHello(kind, backend, self, hs ? hs->Offer() : auth::HelloAuth{});
-  IoResult r = WriteFrame(s.fd(), FrameType::Hello, hello, timeout_ms);
+  IoResult r = WriteFrame(s.fd(), FrameType::Hello, hello, MsLeft(deadline));
   Frame reply;
-  if (r.ok) r = ReadFrame(s.fd(), &reply, timeout_ms, timeout_ms);
+  if (r.ok) r = ReadFrameBy(s.fd(), &reply, deadline);
   bool proved = false;  // the server proved the secret
   if (r.ok && hs && reply.type == FrameType::AuthChallenge) {
     std::string why = hs->VerifyChallenge(hello, reply.payload.data(), reply.payload.size());
     if (!why.empty()) {
       why = "authentication failed: " + why;
-      WriteFrame(s.fd(), FrameType::Error, EncodeErrorPayload(StatusCode::ERR_BAD_STATE, why), timeout_ms);
+      WriteFrame(s.fd(), FrameType::Error, EncodeErrorPayload(StatusCode::ERR_BAD_STATE, why), MsLeft(deadline));
       MORI_LOG(Warning, "engine '" << self.key << "': " << where << ": " << why);
       throw Error(StatusCode::ERR_BAD_STATE, where + ": " + why);
     }
     proved = true;
-    r = WriteFrame(s.fd(), FrameType::AuthProof, hs->Proof(), timeout_ms);
-    if (r.ok) r = ReadFrame(s.fd(), &reply, timeout_ms, timeout_ms);
+    r = WriteFrame(s.fd(), FrameType::AuthProof, hs->Proof(), MsLeft(deadline));
+    if (r.ok) r = ReadFrameBy(s.fd(), &reply, deadline);
   }
   if (!r.ok) throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
@@ -318,11 +465,20 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
 Frame ControlClient::Call(FrameType type, const std::vector<uint8_t>& payload) {
   std::lock_guard<std::mutex> lk(mu_);
   const std::string where = "engine '" + remote_.key + "'";
+  // The whole call, a reconnect included, is bounded by one timeout: a hung
+  // peer costs timeout_ms, not a multiple of it.
+  const Deadline deadline = DeadlineAfterMs(timeout_ms_);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!sock_.valid()) sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, timeout_ms_, secret_);
+    if (attempt == 1 && MsLeft(deadline) <= 1) {
+      throw Error(StatusCode::ERR_BAD_STATE, where + ": control request failed: timed out after " +
+                                                 std::to_string(timeout_ms_) + " ms");
+    }
+    if (!sock_.valid()) {
+      sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, MsLeft(deadline), secret_);
+    }
     Frame reply;
-    IoResult r = WriteFrame(sock_.fd(), type, payload, timeout_ms_);
-    if (r.ok) r = ReadFrame(sock_.fd(), &reply, timeout_ms_, timeout_ms_);
+    IoResult r = WriteFrame(sock_.fd(), type, payload, MsLeft(deadline));
+    if (r.ok) r = ReadFrameBy(sock_.fd(), &reply, deadline);
     if (r.ok) {
       if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
       return reply;

@@ -1,5 +1,8 @@
 #include "core/engine.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -77,11 +80,13 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   ctx_.memory = &memory_;
   ctx_.notices = &notices_;
   ctx_.watch_remote_memory = [this](const MemoryDesc& d) { WatchRemoteMemory(d); };
+  loop_ = std::make_unique<EventLoop>(cfg_.loop_threads);
+  ctx_.loop = loop_.get();
   if (const char* v = std::getenv("MORI_TORCH_FRAME_TIMEOUT_MS")) {
     int ms = std::atoi(v);
     if (ms > 0) cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
   }
-  server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control);
+  server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control, loop_.get());
   desc_.port = server_->Start(desc_.host, cfg.port);
   MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port
                              << (cfg_.secret.empty() ? "" : " (peers must prove the shared secret)"));
@@ -109,6 +114,11 @@ void Engine::Shutdown() {
   // Peers that mapped our memory must stop writing into it: this process
   // may reuse it once the engine is gone.
   RevokeFromWatchers(memory_.Clear());
+  loop_->Stop();
+}
+
+void Engine::CheckAlive(const char* what) const {
+  if (shut_down_.load()) throw Error(StatusCode::ERR_BAD_STATE, std::string(what) + ": engine '" + desc_.key + "' is shut down");
 }
 
 std::shared_ptr<Backend> Engine::BackendOf(BackendType type) const {
@@ -129,7 +139,7 @@ void Engine::CreateBackend(BackendType type, const BackendConfig& config) {
     throw Error(StatusCode::ERR_INVALID_ARGS,
                 "create_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
   }
-  if (shut_down_.load()) throw Error(StatusCode::ERR_BAD_STATE, "create_backend: engine is shut down");
+  CheckAlive("create_backend");
   std::unique_lock<std::shared_mutex> lk(backends_mu_);
   auto& slot = backends_[static_cast<int>(type)];
   if (slot) {
@@ -141,6 +151,7 @@ void Engine::CreateBackend(BackendType type, const BackendConfig& config) {
 }
 
 void Engine::RemoveBackend(BackendType type) {
+  CheckAlive("remove_backend");
   if (!ValidBackendType(type)) {
     throw Error(StatusCode::ERR_INVALID_ARGS,
                 "remove_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
@@ -154,6 +165,7 @@ void Engine::RemoveBackend(BackendType type) {
 }
 
 void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
+  CheckAlive("register_remote_engine");
   if (desc.key.empty()) throw Error(StatusCode::ERR_INVALID_ARGS, "register_remote_engine: empty engine key");
   std::unique_lock<std::shared_mutex> lk(remotes_mu_);
   auto it = remotes_.find(desc.key);
@@ -168,6 +180,7 @@ void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
 }
 
 void Engine::DeregisterRemoteEngine(const EngineDesc& desc, const std::string& reason) {
+  CheckAlive("deregister_remote_engine");
   {
     std::unique_lock<std::shared_mutex> lk(remotes_mu_);
     if (remotes_.erase(desc.key) == 0) {
@@ -182,6 +195,7 @@ void Engine::DeregisterRemoteEngine(const EngineDesc& desc, const std::string& r
 }
 
 MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, MemoryLocationType loc) {
+  CheckAlive("register_memory");
   if (ptr == 0) throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: ptr is 0 (null pointer)");
   if (size <= 0) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: size must be positive, got " + std::to_string(size));
@@ -228,6 +242,7 @@ MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, Mem
 }
 
 void Engine::DeregisterMemory(const MemoryDesc& desc) {
+  CheckAlive("deregister_memory");
   if (desc.engine_key != desc_.key) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "deregister_memory: memory " + std::to_string(desc.id) +
                                                   " belongs to engine '" + desc.engine_key + "', not '" +
@@ -271,6 +286,7 @@ void Engine::LookupRemoteMemory(const MemoryDesc& desc, FrameType type) {
 }
 
 void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
+  CheckAlive("validate_remote_memory");
   if (desc.engine_key == desc_.key) return;  // our own memory: checked locally
   LookupRemoteMemory(desc, FrameType::MemLookup);
 }
@@ -278,7 +294,8 @@ void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
 void Engine::WatchRemoteMemory(const MemoryDesc& desc) {
   if (desc.engine_key != desc_.key) return LookupRemoteMemory(desc, FrameType::MemWatch);
   auto m = memory_.Find(desc.id, desc.token);  // a transfer within this engine
-  if (!m || m->desc.data != desc.data || m->desc.size != desc.size || !m->AddWatcher(desc_)) {
+  if (!m || m->desc.data != desc.data || m->desc.size != desc.size ||
+      m->AddWatcher(desc_) != LocalMemory::WatchResult::kAdded) {
     throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(desc.id) + " is not registered with engine '" +
                                                desc_.key + "' (deregistered?)");
   }
@@ -435,6 +452,7 @@ std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<Mem
 }
 
 std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const MemoryDesc& remote) {
+  CheckAlive("create_session");
   Route route;
   std::string msg;
   StatusCode c = Resolve(local, remote, &route, &msg);
@@ -455,6 +473,7 @@ size_t Engine::MappedRemoteMemories() const {
 }
 
 bool Engine::PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid) {
+  CheckAlive("pop_inbound_transfer_status");
   return notices_.Pop(initiator_key, uid);
 }
 
@@ -484,7 +503,25 @@ StatusCode Engine::WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeo
   return pending ? StatusCode::IN_PROGRESS : StatusCode::SUCCESS;
 }
 
-bool Engine::HandleControl(const EngineDesc& peer, const Frame& request, Frame* reply) {
+bool Engine::FromAddressOf(const EngineDesc& peer, const std::string& peer_ip) {
+  if (peer.host == peer_ip) return true;
+  // A name: the address it resolves to now must be the one the request came from.
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(peer.host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool match = false;
+  for (addrinfo* a = res; a && !match; a = a->ai_next) {
+    char ip[INET_ADDRSTRLEN] = "";
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, ip, sizeof ip);
+    match = peer_ip == ip;
+  }
+  freeaddrinfo(res);
+  return match;
+}
+
+bool Engine::HandleControl(const EngineDesc& peer, const std::string& peer_ip, const Frame& request, Frame* reply) {
   switch (request.type) {
     case FrameType::Ping:
       reply->type = FrameType::Pong;
@@ -500,16 +537,43 @@ bool Engine::HandleControl(const EngineDesc& peer, const Frame& request, Frame* 
       r.ExpectEnd();
       std::string msg;
       auto m = memory_.FindForPeer(id, incarnation, token, &msg);
-      if (m && watch && !m->AddWatcher(peer)) {
-        m = nullptr;
-        msg = "memory " + std::to_string(id) + " of engine '" + desc_.key + "' is being deregistered";
-      }
       if (!m) throw Error(StatusCode::ERR_NOT_FOUND, msg);
+      if (watch) {
+        // The owner later connects to the watcher's address to revoke: it
+        // must be the address the watch came from, not one named by anybody.
+        if (!FromAddressOf(peer, peer_ip)) {
+          refused_watchers_.fetch_add(1);
+          throw Error(StatusCode::ERR_INVALID_ARGS, "MemWatch: engine '" + peer.key + "' names host '" + peer.host +
+                                                        "' but connected from " + peer_ip);
+        }
+        switch (m->AddWatcher(peer)) {
+          case LocalMemory::WatchResult::kAdded:
+            break;
+          case LocalMemory::WatchResult::kRetired:
+            throw Error(StatusCode::ERR_NOT_FOUND,
+                        "memory " + std::to_string(id) + " of engine '" + desc_.key + "' is being deregistered");
+          case LocalMemory::WatchResult::kFull:
+            refused_watchers_.fetch_add(1);
+            throw Error(StatusCode::ERR_BAD_STATE, "MemWatch: memory " + std::to_string(id) + " already has " +
+                                                       std::to_string(LocalMemory::kMaxWatchers) + " watchers");
+        }
+      }
       reply->type = FrameType::MemLookupReply;
       reply->payload = m->desc.Pack();
       return true;
     }
     case FrameType::MemRevoke: {
+      // Only the owner may take its memory back: a registered remote engine,
+      // described exactly as registered, from its own address.
+      {
+        std::shared_lock<std::shared_mutex> lk(remotes_mu_);
+        auto it = remotes_.find(peer.key);
+        const bool owner_known = (it != remotes_.end() && it->second == peer) || peer == desc_;
+        if (!owner_known || !FromAddressOf(peer, peer_ip)) {
+          throw Error(StatusCode::ERR_INVALID_ARGS, "MemRevoke: engine '" + peer.key + "' (from " + peer_ip +
+                                                        ") is not a registered remote engine at that address");
+        }
+      }
       ByteReader r(request.payload.data(), request.payload.size(), "MemRevoke frame");
       const uint32_t n = r.Get<uint32_t>("count");
       if (uint64_t{n} * 8 != request.payload.size() - 4) {
@@ -537,6 +601,11 @@ std::string Engine::CanServeData(uint8_t backend) {
            " backend; create it on both engines";
   }
   return "";
+}
+
+bool Engine::AdoptData(uint8_t backend, const EngineDesc& peer, InboundConnection& conn) {
+  auto b = BackendOf(static_cast<BackendType>(backend));
+  return b && b->AdoptData(peer, conn);
 }
 
 void Engine::ServeData(uint8_t backend, const EngineDesc& peer, Socket& sock) {

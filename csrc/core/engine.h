@@ -27,6 +27,8 @@ struct EngineConfig {
   // Shared secret every peer must prove (peer_auth.h); "" takes
   // MORI_TORCH_SECRET, and without either the engine serves anyone.
   std::string secret;
+  // Event-loop threads that wait on every socket the engine serves.
+  int loop_threads = 1;
 };
 
 class Engine : public ControlPlaneDelegate {
@@ -76,13 +78,21 @@ class Engine : public ControlPlaneDelegate {
   bool PopInboundTransferStatus(const std::string& initiator_key, TransferUid uid);
   // Peers' memories mapped into this process by this engine's backends.
   size_t MappedRemoteMemories() const;
+  // Inbound connections open now, and those refused by a cap or for want of
+  // file descriptors since the engine started.
+  int InboundConnections() const { return server_->OpenConnections(); }
+  uint64_t RefusedConnections() const { return server_->RefusedConnections(); }
+  // Completion notices and watch requests dropped because their tables were full.
+  uint64_t DroppedNotices() const { return notices_.Dropped(); }
+  uint64_t RefusedWatchers() const { return refused_watchers_.load(); }
   // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
 
   // ControlPlaneDelegate
   const EngineDesc& SelfDesc() const override { return desc_; }
-  bool HandleControl(const EngineDesc& peer, const Frame& request, Frame* reply) override;
+  bool HandleControl(const EngineDesc& peer, const std::string& peer_ip, const Frame& request, Frame* reply) override;
   std::string CanServeData(uint8_t backend) override;
+  bool AdoptData(uint8_t backend, const EngineDesc& peer, InboundConnection& conn) override;
   void ServeData(uint8_t backend, const EngineDesc& peer, Socket& sock) override;
 
  private:
@@ -112,8 +122,18 @@ class Engine : public ControlPlaneDelegate {
   // Owner `owner_key` revoked `ids`: every backend stops using them.
   void RevokeHere(const std::string& owner_key, const std::vector<MemoryId>& ids);
 
+  // Throws ERR_BAD_STATE naming `what` once the engine is shut down.
+  void CheckAlive(const char* what) const;
+  // True if a request from `peer` that arrived from `peer_ip` may be taken to
+  // come from that engine: its descriptor names that address. (Only a shared
+  // secret proves it; this stops a third host from steering us elsewhere.)
+  static bool FromAddressOf(const EngineDesc& peer, const std::string& peer_ip);
+
   EngineDesc desc_;
   EngineConfig cfg_;
+  // First, so that it outlives everything that watches sockets on it.
+  std::unique_ptr<EventLoop> loop_;
+  std::atomic<uint64_t> refused_watchers_{0};
   MemoryRegistry memory_;
   NotificationTable notices_;
   BackendContext ctx_;

@@ -62,10 +62,43 @@ struct FrameHeader {
 std::string ParseFrameHeader(const uint8_t* bytes, FrameHeader* out);
 std::vector<uint8_t> EncodeFrame(FrameType type, const std::vector<uint8_t>& payload);
 
+// Reassembles frames from a byte stream. The payload buffer grows with the
+// bytes that arrived (never to a claimed length ahead of them), and a read
+// never takes bytes past the end of the current frame, so whatever follows
+// the frame stays in the socket for its next reader.
+class FrameReader {
+ public:
+  enum class Step { kNeedMore, kFrame, kClosed, kError };
+  // Bytes the current frame still needs, at most kChunk at a time.
+  static constexpr size_t kChunk = 64 << 10;
+  size_t Wanted() const;
+  // Consumes up to n bytes of the current frame; returns how many it took.
+  // kFrame when a frame is complete (then Take() it), kError with error().
+  Step Feed(const uint8_t* p, size_t n, size_t* consumed);
+  // Reads what a non-blocking fd has (never past the current frame):
+  // kNeedMore when it would block.
+  Step ReadSome(int fd);
+  Frame Take();
+  const std::string& error() const { return error_; }
+  // True once any byte of the current frame arrived.
+  bool Started() const { return have_ > 0; }
+  bool InPayload() const { return have_ >= kFrameHeaderBytes; }
+
+ private:
+  uint8_t hdr_bytes_[kFrameHeaderBytes];
+  FrameHeader hdr_{};
+  size_t have_ = 0;  // bytes of the current frame so far (header included)
+  std::vector<uint8_t> payload_;
+  std::string error_;
+  bool done_ = false;
+};
+
 // Waits up to idle_timeout_ms (-1: forever) for a frame to start, then reads
 // it whole within frame_timeout_ms. Fails with the reason on a stall, a
 // closed peer or an invalid header.
 IoResult ReadFrame(int fd, Frame* out, int idle_timeout_ms, int frame_timeout_ms);
+// Waits for a frame and reads it whole, all before `deadline`.
+IoResult ReadFrameBy(int fd, Frame* out, Deadline deadline);
 IoResult WriteFrame(int fd, FrameType type, const std::vector<uint8_t>& payload, int timeout_ms);
 
 }  // namespace mori_torch

@@ -27,19 +27,20 @@ void LocalMemory::Retire() {
   cv_.wait(lk, [&] { return users_.load(std::memory_order_acquire) == 0; });
 }
 
-bool LocalMemory::AddWatcher(const EngineDesc& engine) {
+LocalMemory::WatchResult LocalMemory::AddWatcher(const EngineDesc& engine) {
   std::lock_guard<std::mutex> lk(mu_);
   // Checked under mu_, which Watchers() takes after Retire() set the flag:
   // a watcher is either in the final list or refused.
-  if (retired()) return false;
+  if (retired()) return WatchResult::kRetired;
   for (auto& w : watchers_) {
     if (w.key == engine.key) {
       w = engine;  // the engine restarted with a new address
-      return true;
+      return WatchResult::kAdded;
     }
   }
+  if (watchers_.size() >= kMaxWatchers) return WatchResult::kFull;
   watchers_.push_back(engine);
-  return true;
+  return WatchResult::kAdded;
 }
 
 std::vector<EngineDesc> LocalMemory::Watchers() {

@@ -33,8 +33,13 @@ class LocalMemory {
   void Retire();
 
   // Engines that mapped this memory into their own address space (one-sided
-  // backends) and must be told when it goes away. False once retired.
-  bool AddWatcher(const EngineDesc& engine);
+  // backends) and must be told when it goes away. Bounded: a full list
+  // refuses newcomers (kFull) rather than evicting one, since an evicted
+  // watcher would never learn that the memory went away and could write into
+  // it after deregistration; the refused one simply cannot map it.
+  static constexpr size_t kMaxWatchers = 64;
+  enum class WatchResult { kAdded, kRetired, kFull };
+  WatchResult AddWatcher(const EngineDesc& engine);
   // The watchers, deduplicated by key. After Retire() the list is final.
   std::vector<EngineDesc> Watchers();
 

@@ -28,15 +28,24 @@ int RemainingMs(Deadline deadline) {
   return static_cast<int>(std::min<int64_t>(left + 1, 1 << 30));
 }
 
-// Waits for `events` on fd until the deadline. Returns an empty string when
-// ready, else the reason.
-IoResult PollFor(int fd, short events, Deadline deadline) {
+// Waits for `events` on fd until the deadline, or idle_ms at most. Returns
+// Ok when ready, else the reason.
+IoResult PollFor(int fd, short events, const IoDeadline& deadline) {
   while (true) {
-    int ms = RemainingMs(deadline);
+    int ms = RemainingMs(deadline.at);
     if (ms == 0) return IoResult::Fail("timed out", true);
+    const bool idle_first = deadline.idle_ms >= 0 && (ms < 0 || deadline.idle_ms < ms);
+    if (idle_first) ms = static_cast<int>(std::min<int64_t>(deadline.idle_ms, 1 << 30));
     pollfd p{fd, events, 0};
     int r = ::poll(&p, 1, ms);
     if (r > 0) return IoResult::Ok();  // errors surface in the following call
+    if (r == 0 && idle_first && deadline.progress &&
+        SteadyMs() - deadline.progress->load(std::memory_order_relaxed) < deadline.idle_ms) {
+      continue;  // the other direction moved bytes meanwhile
+    }
+    if (r == 0 && idle_first) {
+      return IoResult::Fail("no progress for " + std::to_string(deadline.idle_ms) + " ms (inactivity timeout)", true);
+    }
     if (r == 0) return IoResult::Fail("timed out", true);
     if (errno != EINTR) return IoResult::Fail("poll: " + Errno(errno));
   }
@@ -70,7 +79,7 @@ void Advance(std::vector<iovec>& iov, size_t& first, size_t n) {
 }
 
 template <typename Op>
-IoResult VecLoop(int fd, std::vector<iovec>& iov, Deadline deadline, short events, Op op, const char* what) {
+IoResult VecLoop(int fd, std::vector<iovec>& iov, const IoDeadline& deadline, short events, Op op, const char* what) {
   size_t first = 0;
   Advance(iov, first, 0);
   while (first < iov.size()) {
@@ -80,6 +89,7 @@ IoResult VecLoop(int fd, std::vector<iovec>& iov, Deadline deadline, short event
     msg.msg_iovlen = cnt;
     ssize_t n = op(fd, &msg);
     if (n > 0) {
+      if (deadline.progress) deadline.progress->store(SteadyMs(), std::memory_order_relaxed);
       Advance(iov, first, static_cast<size_t>(n));
       continue;
     }
@@ -96,6 +106,10 @@ IoResult VecLoop(int fd, std::vector<iovec>& iov, Deadline deadline, short event
 }
 
 }  // namespace
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
 
 void Socket::Close() {
   if (fd_ >= 0) {
@@ -192,21 +206,26 @@ void SetKeepalive(int fd, bool on, int idle_s, int intvl_s, int cnt) {
   if (cnt > 0) setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
+bool ReadableNow(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 bool WaitReadable(int fd, int timeout_ms) {
   return PollFor(fd, POLLIN, DeadlineAfterMs(timeout_ms)).ok;
 }
 
-IoResult ReadFull(int fd, void* buf, size_t n, Deadline deadline) {
+IoResult ReadFull(int fd, void* buf, size_t n, const IoDeadline& deadline) {
   std::vector<iovec> iov{{buf, n}};
   return ReadVFull(fd, iov, deadline);
 }
 
-IoResult WriteFull(int fd, const void* buf, size_t n, Deadline deadline) {
+IoResult WriteFull(int fd, const void* buf, size_t n, const IoDeadline& deadline) {
   std::vector<iovec> iov{{const_cast<void*>(buf), n}};
   return WriteVFull(fd, iov, deadline);
 }
 
-IoResult ReadVFull(int fd, std::vector<iovec>& iov, Deadline deadline) {
+IoResult ReadVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
   return VecLoop(fd, iov, deadline, POLLIN,
                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, "recvmsg");
 }
@@ -216,7 +235,7 @@ bool PeerAbandoned(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, Deadline deadline) {
+IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
   return VecLoop(fd, iov, deadline, POLLIN,
                  [](int f, msghdr* m) -> ssize_t {
                    if (PeerAbandoned(f)) {
@@ -228,12 +247,12 @@ IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, Deadline deadline) {
                  "fenced receive (the peer abandoned the connection; nothing more is written)");
 }
 
-IoResult WriteVFull(int fd, std::vector<iovec>& iov, Deadline deadline) {
+IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
   return VecLoop(fd, iov, deadline, POLLOUT,
                  [](int f, msghdr* m) { return ::sendmsg(f, m, MSG_DONTWAIT | MSG_NOSIGNAL); }, "sendmsg");
 }
 
-IoResult Discard(int fd, uint64_t n, Deadline deadline) {
+IoResult Discard(int fd, uint64_t n, const IoDeadline& deadline) {
   static thread_local std::vector<char> sink(1 << 16);
   while (n > 0) {
     size_t take = static_cast<size_t>(std::min<uint64_t>(n, sink.size()));

@@ -6,6 +6,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -19,6 +20,21 @@ using Deadline = Clock::time_point;
 inline Deadline DeadlineAfterMs(int64_t ms) {
   return ms < 0 ? Deadline::max() : Clock::now() + std::chrono::milliseconds(ms);
 }
+
+// When a blocking I/O helper gives up: at `at` (the whole operation's
+// deadline), or once no byte has moved for `idle_ms` (-1: never), whichever
+// comes first. With `progress`, bytes moved by any call sharing it count
+// (the two directions of one connection: a response is awaited while the
+// request's payload is still being sent). Converts from a plain Deadline.
+struct IoDeadline {
+  Deadline at = Deadline::max();
+  int64_t idle_ms = -1;
+  std::atomic<int64_t>* progress = nullptr;  // steady-clock ms of the last byte moved
+  IoDeadline() = default;
+  IoDeadline(Deadline d, int64_t idle = -1, std::atomic<int64_t>* prog = nullptr)  // NOLINT: implicit on purpose
+      : at(d), idle_ms(idle), progress(prog) {}
+};
+int64_t SteadyMs();
 
 class Socket {
  public:
@@ -77,19 +93,21 @@ void SetKeepalive(int fd, bool on, int idle_s, int intvl_s, int cnt);
 // Waits until fd is readable (or hung up). Returns false on timeout.
 bool WaitReadable(int fd, int timeout_ms);
 
-IoResult ReadFull(int fd, void* buf, size_t n, Deadline deadline);
-IoResult WriteFull(int fd, const void* buf, size_t n, Deadline deadline);
+IoResult ReadFull(int fd, void* buf, size_t n, const IoDeadline& deadline);
+IoResult WriteFull(int fd, const void* buf, size_t n, const IoDeadline& deadline);
 // Reads / writes the whole iovec list, IOV_MAX entries per system call.
 // The vector is consumed (entries are advanced in place).
-IoResult ReadVFull(int fd, std::vector<iovec>& iov, Deadline deadline);
+IoResult ReadVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 // True once the peer has closed or reset the connection (its kernel said so;
 // unread data may still be queued).
 bool PeerAbandoned(int fd);
 // ReadVFull into memory the peer may only write while it waits for the
 // answer: fails, receiving nothing more, as soon as PeerAbandoned.
-IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, Deadline deadline);
-IoResult WriteVFull(int fd, std::vector<iovec>& iov, Deadline deadline);
+IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
+IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 // Reads and throws away n bytes (keeps a stream in sync after a rejected request).
-IoResult Discard(int fd, uint64_t n, Deadline deadline);
+IoResult Discard(int fd, uint64_t n, const IoDeadline& deadline);
+// True if fd has bytes to read (or hung up) right now.
+bool ReadableNow(int fd);
 
 }  // namespace mori_torch

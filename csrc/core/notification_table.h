@@ -15,7 +15,11 @@ namespace mori_torch {
 
 class NotificationTable {
  public:
-  explicit NotificationTable(size_t max_completed = 1 << 20) : max_completed_(max_completed) {}
+  // Bounds: completed notices nobody popped, and transfers with some parts
+  // arrived (a peer can claim any number of parts). Past either, the oldest
+  // entry is evicted and counted in Dropped().
+  explicit NotificationTable(size_t max_completed = 1 << 20, size_t max_partial = 1 << 16)
+      : max_completed_(max_completed), max_partial_(max_partial) {}
 
   // One part of transfer (initiator, uid) finished with its data in place;
   // the transfer has `parts_total` parts in all.
@@ -23,6 +27,8 @@ class NotificationTable {
   // True once, when every part of (initiator, uid) has arrived; consumes it.
   bool Pop(const std::string& initiator, TransferUid uid);
   size_t CompletedCount() const;
+  size_t PartialCount() const;
+  uint64_t Dropped() const;
 
  private:
   struct Entry {
@@ -31,6 +37,7 @@ class NotificationTable {
   };
   bool IsLiveCompleted(const std::pair<std::string, TransferUid>& rec) const;
   void TrimStaleOrder();
+  void EvictPartial();
 
   using PerInitiator = std::unordered_map<TransferUid, Entry>;
 
@@ -40,6 +47,12 @@ class NotificationTable {
   std::deque<std::pair<std::string, TransferUid>> completed_order_;
   size_t completed_ = 0;
   size_t max_completed_;
+  // Transfers with some but not all parts arrived, oldest first (records of
+  // ones completed or evicted meanwhile are skipped when they come up).
+  std::deque<std::pair<std::string, TransferUid>> partial_order_;
+  size_t partial_ = 0;
+  size_t max_partial_;
+  uint64_t dropped_ = 0;
 };
 
 }  // namespace mori_torch

@@ -126,8 +126,8 @@ struct EngineObj : torch::CustomClassHolder {
   }
 
   MemoryDescRef RegisterTensor(const at::Tensor& t) {
-    TORCH_CHECK(t.defined(), "register_torch_tensor: tensor is undefined");
-    TORCH_CHECK(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", Str(t.sizes()),
+    TORCH_CHECK_VALUE(t.defined(), "register_torch_tensor: tensor is undefined");
+    TORCH_CHECK_VALUE(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", Str(t.sizes()),
                 ", strides ", Str(t.strides()), "); call .contiguous() first");
     TORCH_CHECK_VALUE(t.nbytes() > 0, "register_torch_tensor: tensor has no bytes");
     const auto ptr = reinterpret_cast<uint64_t>(t.data_ptr());
@@ -349,6 +349,7 @@ TORCH_LIBRARY(mori, m) {
       .def("mapped_remote_memories",
            [](const EngineRef& self) { return static_cast<int64_t>(self->e->MappedRemoteMemories()); })
       .def_static("pinned_host_bytes", []() { return static_cast<int64_t>(gpu::PinnedBytes()); })
+      .def_static("flush_log", [](int64_t timeout_ms) { return FlushLog(static_cast<int>(timeout_ms)); })
       .def_static("set_log_level", [](const std::string& level) {
         Guard([&] {
           SetLogLevel(level);

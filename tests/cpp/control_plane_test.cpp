@@ -418,6 +418,16 @@ TEST_F(ControlPlaneTest, MemWatchAndMemRevokeRequestsAreChecked) {
   ask(FrameType::MemWatch, Ref(memd_));
   ASSERT_EQ(reply.type, FrameType::MemLookupReply);
   EXPECT_EQ(MemoryDesc::Unpack(reply.payload.data(), reply.payload.size()), memd_);
+  // A revoke from an engine this one does not know as a remote is refused:
+  // only an owner may take back its memory.
+  ByteWriter one;
+  one.Put<uint32_t>(1);
+  one.Put<uint64_t>(7);
+  ask(FrameType::MemRevoke, one.bytes());
+  ASSERT_EQ(reply.type, FrameType::Error);
+  EXPECT_EQ(DecodeError(reply).code, StatusCode::ERR_INVALID_ARGS);
+  EXPECT_TRUE(Contains(DecodeError(reply).message, "not a registered remote engine")) << DecodeError(reply).message;
+  server_->RegisterRemoteEngine(self_);
   // A revoke whose count disagrees with its length, or is cut short.
   ByteWriter bad;
   bad.Put<uint32_t>(3);

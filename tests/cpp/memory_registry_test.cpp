@@ -217,14 +217,14 @@ TEST(MemoryRegistryTest, WatchersAreKeptPerEngineAndRefusedOnceRetired) {
   a.key = "a";
   a.port = 1;
   b.key = "b";
-  EXPECT_TRUE(m->AddWatcher(a));
-  EXPECT_TRUE(m->AddWatcher(b));
+  EXPECT_EQ(m->AddWatcher(a), LocalMemory::WatchResult::kAdded);
+  EXPECT_EQ(m->AddWatcher(b), LocalMemory::WatchResult::kAdded);
   a.port = 2;  // the same engine again, restarted elsewhere: replaced, not doubled
-  EXPECT_TRUE(m->AddWatcher(a));
+  EXPECT_EQ(m->AddWatcher(a), LocalMemory::WatchResult::kAdded);
   ASSERT_TRUE(r.Remove(m->desc.id));
   EngineDesc late;
   late.key = "late";
-  EXPECT_FALSE(m->AddWatcher(late));
+  EXPECT_EQ(m->AddWatcher(late), LocalMemory::WatchResult::kRetired);
   auto w = m->Watchers();
   ASSERT_EQ(w.size(), 2u);
   EXPECT_EQ(w[0].key, "a");
@@ -232,11 +232,29 @@ TEST(MemoryRegistryTest, WatchersAreKeptPerEngineAndRefusedOnceRetired) {
   EXPECT_EQ(w[1].key, "b");
   // Clear hands back what it retired, watchers and all.
   auto n = r.Add(Desc(0x2000, 10));
-  EXPECT_TRUE(n->AddWatcher(b));
+  EXPECT_EQ(n->AddWatcher(b), LocalMemory::WatchResult::kAdded);
   auto cleared = r.Clear();
   ASSERT_EQ(cleared.size(), 1u);
   EXPECT_EQ(cleared[0]->Watchers().size(), 1u);
-  EXPECT_FALSE(n->AddWatcher(a));
+  EXPECT_EQ(n->AddWatcher(a), LocalMemory::WatchResult::kRetired);
+}
+
+TEST(MemoryRegistryTest, WatcherListIsBoundedAndRefusesNewcomersWhenFull) {
+  MemoryRegistry r;
+  auto m = r.Add(Desc(0x1000, 10));
+  for (size_t i = 0; i < LocalMemory::kMaxWatchers; ++i) {
+    EngineDesc e;
+    e.key = "w" + std::to_string(i);
+    ASSERT_EQ(m->AddWatcher(e), LocalMemory::WatchResult::kAdded);
+  }
+  EngineDesc extra;
+  extra.key = "one-too-many";
+  EXPECT_EQ(m->AddWatcher(extra), LocalMemory::WatchResult::kFull);
+  EngineDesc again;
+  again.key = "w0";  // a known watcher may still update its entry
+  again.port = 7;
+  EXPECT_EQ(m->AddWatcher(again), LocalMemory::WatchResult::kAdded);
+  EXPECT_EQ(m->Watchers().size(), LocalMemory::kMaxWatchers);
 }
 
 }  // namespace

@@ -175,3 +175,28 @@ TEST(NotificationTableTest, ConcurrentArrivalsAndPops) {
 
 }  // namespace
 }  // namespace mori_torch
+
+namespace mori_torch {
+namespace {
+
+// A peer can claim any number of parts for any number of uids: unfinished
+// transfers are bounded too, oldest evicted and counted.
+TEST(NotificationTableTest, UnfinishedTransfersAreBoundedAndDropsCounted) {
+  NotificationTable t(/*max_completed=*/8, /*max_partial=*/4);
+  for (TransferUid uid = 0; uid < 1000; ++uid) t.Arrive("attacker", uid, 0xffffffffu);
+  EXPECT_EQ(t.PartialCount(), 4u);
+  EXPECT_EQ(t.Dropped(), 996u);
+  // A legitimate two-part transfer still completes and pops.
+  t.Arrive("peer", 7, 2);
+  EXPECT_EQ(t.Dropped(), 997u);  // room made by evicting the oldest unfinished one
+  t.Arrive("peer", 7, 2);
+  EXPECT_TRUE(t.Pop("peer", 7));
+  EXPECT_EQ(t.PartialCount(), 3u);
+  // Completed notices nobody pops are bounded as before, and counted.
+  for (TransferUid uid = 100; uid < 120; ++uid) t.Arrive("peer", uid, 1);
+  EXPECT_EQ(t.CompletedCount(), 8u);
+  EXPECT_EQ(t.Dropped(), 997u + 12u);
+}
+
+}  // namespace
+}  // namespace mori_torch

@@ -122,7 +122,10 @@ TEST(PeerAuthHandshake, ParsersNameWhatIsWrong) {
   // A Hello with an unknown authentication version.
   auto hello = SomeHello("c", {});
   hello.back() = 7;
-  auto e = CatchError([&] { ParseHello(hello.data(), hello.size()); });
+  Frame f;
+  f.type = FrameType::Hello;
+  f.payload = hello;
+  auto e = CatchError([&] { DecodeHello(f); });
   ASSERT_TRUE(e);
   EXPECT_TRUE(Contains(e->what(), "authentication version 7")) << e->what();
 }

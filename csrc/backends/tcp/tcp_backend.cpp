@@ -2,7 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
@@ -20,7 +22,7 @@ bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, con
 
 std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
   return peers_.GetOrCreate(remote.key, [&] {
-    auto p = std::make_shared<TcpPeer>(*ctx_.self, ctx_.secret, remote, cfg_, staging_);
+    auto p = std::make_shared<TcpPeer>(*ctx_.self, ctx_.secret, remote, cfg_, staging_, workers_);
     if (shut_.load()) p->Close("TCP backend was removed");
     return p;
   });
@@ -30,38 +32,103 @@ void TcpBackend::RemovePeer(const std::string& key, const std::string& reason) {
   if (auto p = peers_.Take(key)) p->Close(reason);
 }
 
+TcpBackend::TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)
+    : cfg_(cfg),
+      ctx_(ctx),
+      staging_(std::make_shared<gpu::StagingPool>(static_cast<uint64_t>(cfg.staging_chunk_bytes),
+                                                  static_cast<int>(cfg.staging_depth),
+                                                  static_cast<size_t>(2 * cfg.num_data_conns))) {
+  int threads = static_cast<int>(cfg.serve_threads);
+  if (threads == 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 4, 16);
+  serve_pool_ = std::make_unique<WorkerPool>("TCP target", threads);
+  workers_.loop = ctx.loop;
+  workers_.senders = std::make_shared<WorkerPool>("TCP send", threads);
+  workers_.receivers = std::make_shared<WorkerPool>("TCP receive", threads);
+}
+
 void TcpBackend::Shutdown() {
   if (shut_.exchange(true)) return;
   for (auto& p : peers_.TakeAll()) p->Close("TCP backend was removed or its engine shut down");
+  std::unordered_map<int, InboundPtr> inbound;
   {
     std::lock_guard<std::mutex> lk(inbound_mu_);
-    for (int fd : inbound_fds_) ::shutdown(fd, SHUT_RDWR);
+    inbound.swap(inbound_);
   }
+  for (auto& kv : inbound) {
+    if (ctx_.loop) ctx_.loop->Remove(kv.first);
+    kv.second->conn.sock.Shutdown();  // ends a worker's blocking I/O on it at once
+  }
+  serve_pool_->Stop();
+  // Peers are closed: their connections are broken, and any job still
+  // running ends at once on its shut-down socket.
+  workers_.senders->Stop();
+  workers_.receivers->Stop();
+  for (auto& kv : inbound) staging_->Give(std::move(kv.second->staging));
   staging_->Close();
 }
 
-void TcpBackend::ServeData(const EngineDesc& peer, Socket& sock) {
-  const int fd = sock.fd();
-  {
-    std::lock_guard<std::mutex> lk(inbound_mu_);
-    if (shut_.load()) return;
-    inbound_fds_.insert(fd);
-  }
+bool TcpBackend::AdoptData(const EngineDesc& peer, InboundConnection& conn) {
+  if (!ctx_.loop) return false;
+  auto in = std::make_shared<Inbound>();
+  in->peer = peer;
+  in->conn = std::move(conn);
+  const int fd = in->conn.sock.fd();
   SetNoDelay(fd, true);
   SetBufferSizes(fd, static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
   SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
                static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
-  std::unique_ptr<gpu::StagingSet> staging;  // for GPU memory, taken on first use
-  while (!shut_.load() && ServeRequest(peer, fd, &staging)) {
+  {
+    std::lock_guard<std::mutex> lk(inbound_mu_);
+    if (shut_.load()) return true;  // dropped: the socket closes with `in`
+    inbound_[fd] = in;
   }
-  staging_->Give(std::move(staging));
-  std::lock_guard<std::mutex> lk(inbound_mu_);
-  inbound_fds_.erase(fd);
+  try {
+    ctx_.loop->Add(fd, EPOLLIN | EPOLLRDHUP, in->conn.idle_timeout_ms,
+                   [this, in](uint32_t ev) { OnInboundEvent(in, ev); });
+  } catch (const Error& e) {
+    MORI_LOG(Warning, "TCP data connection from '" << peer.key << "': " << e.what() << "; closing");
+    std::lock_guard<std::mutex> lk(inbound_mu_);
+    inbound_.erase(fd);
+  }
+  return true;
 }
 
-bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gpu::StagingSet>* staging) {
-  if (!WaitReadable(fd, -1)) return false;
-  const Deadline deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
+void TcpBackend::OnInboundEvent(const InboundPtr& in, uint32_t events) {
+  if (events == EventLoop::kIdle) {
+    MORI_LOG(Info, "TCP data connection from '" << in->peer.key << "' idle; closing");
+    return DropInbound(in);
+  }
+  if (!serve_pool_->Post([this, in] { ServeReady(in); })) DropInbound(in);
+}
+
+void TcpBackend::ServeReady(const InboundPtr& in) {
+  const int fd = in->conn.sock.fd();
+  // Requests back to back while they keep coming (a batch of stripes, a
+  // pipeline of small transfers); the loop takes over when the socket is idle.
+  do {
+    if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
+  } while (ReadableNow(fd));
+  ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
+}
+
+void TcpBackend::DropInbound(const InboundPtr& in) {
+  const int fd = in->conn.sock.fd();
+  {
+    std::lock_guard<std::mutex> lk(inbound_mu_);
+    auto it = inbound_.find(fd);
+    if (it == inbound_.end() || it->second != in) return;  // Shutdown() took it
+    inbound_.erase(it);
+  }
+  ctx_.loop->Remove(fd);
+  in->conn.sock.Shutdown();
+  staging_->Give(std::move(in->staging));
+}
+
+bool TcpBackend::ServeRequest(Inbound& in) {
+  const EngineDesc& peer = in.peer;
+  const int fd = in.conn.sock.fd();
+  std::unique_ptr<gpu::StagingSet>* staging = &in.staging;
+  const IoDeadline deadline{DeadlineAfterMs(cfg_.op_timeout_ms), cfg_.inactivity_timeout_ms};
   RequestHeader h;
   IoResult r = ReadFull(fd, &h, sizeof(h), deadline);
   if (!r.ok) {
@@ -80,9 +147,16 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gp
   static_assert(sizeof(RequestHeader) % sizeof(WireSegment) == 0 && kWireAlign % sizeof(WireSegment) == 0,
                 "table layout");
   const uint64_t table_bytes = WireRound(sizeof(h) + uint64_t{h.num_segs} * sizeof(WireSegment)) - sizeof(h);
-  std::vector<WireSegment> table(table_bytes / sizeof(WireSegment));
-  r = ReadFull(fd, table.data(), table_bytes, deadline);
-  if (!r.ok) return false;
+  // Grown as its bytes arrive, never to a claimed size ahead of them.
+  constexpr uint64_t kTableChunk = 64 << 10;
+  std::vector<WireSegment> table;
+  for (uint64_t got = 0; got < table_bytes;) {
+    const uint64_t take = std::min(kTableChunk, table_bytes - got);
+    table.resize((got + take) / sizeof(WireSegment));
+    r = ReadFull(fd, reinterpret_cast<char*>(table.data()) + got, take, deadline);
+    if (!r.ok) return false;
+    got += take;
+  }
   table.resize(h.num_segs);
   uint64_t sum = 0;
   for (const auto& s : table) {

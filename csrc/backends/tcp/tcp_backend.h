@@ -25,7 +25,7 @@ namespace tcp {
 class TcpPeer : public BackendPeer {
  public:
   TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, const TcpConfig& cfg,
-          std::shared_ptr<gpu::StagingPool> staging);
+          std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers);
   ~TcpPeer() override;
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
@@ -41,6 +41,7 @@ class TcpPeer : public BackendPeer {
   const EngineDesc remote_;
   const TcpConfig cfg_;
   const std::shared_ptr<gpu::StagingPool> staging_;
+  const DataConnWorkers workers_;
   std::atomic<bool> closed_{false};
   std::string close_reason_;
   std::mutex mu_;
@@ -50,24 +51,31 @@ class TcpPeer : public BackendPeer {
 
 class TcpBackend : public Backend {
  public:
-  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)
-      : cfg_(cfg),
-        ctx_(ctx),
-        staging_(std::make_shared<gpu::StagingPool>(static_cast<uint64_t>(cfg.staging_chunk_bytes),
-                                                    static_cast<int>(cfg.staging_depth),
-                                                    static_cast<size_t>(2 * cfg.num_data_conns))) {}
+  TcpBackend(const TcpConfig& cfg, const BackendContext& ctx);
   ~TcpBackend() override { Shutdown(); }
   BackendType Type() const override { return BackendType::TCP; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   void RemovePeer(const std::string& key, const std::string& reason) override;
   bool AcceptsDataConnections() const override { return true; }
-  void ServeData(const EngineDesc& peer, Socket& sock) override;
+  bool AdoptData(const EngineDesc& peer, InboundConnection& conn) override;
   void Shutdown() override;
 
  private:
+  // The target side of one inbound data connection. The event loop watches
+  // it while idle; a worker serves requests while they keep coming, then
+  // hands it back to the loop.
+  struct Inbound {
+    EngineDesc peer;
+    InboundConnection conn;
+    std::unique_ptr<gpu::StagingSet> staging;  // for GPU memory, taken on first use
+  };
+  using InboundPtr = std::shared_ptr<Inbound>;
+  void OnInboundEvent(const InboundPtr& in, uint32_t events);
+  void ServeReady(const InboundPtr& in);
+  void DropInbound(const InboundPtr& in);
   // Target side of one request; false ends the connection.
-  bool ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gpu::StagingSet>* staging);
+  bool ServeRequest(Inbound& in);
 
   const TcpConfig cfg_;
   const BackendContext ctx_;
@@ -75,8 +83,12 @@ class TcpBackend : public Backend {
   const std::shared_ptr<gpu::StagingPool> staging_;
   std::atomic<bool> shut_{false};
   PeerCache<TcpPeer> peers_;
+  // Fixed sets of threads for all connections, whatever their number:
+  // initiator sends and receives (workers_), target requests (serve_pool_).
+  DataConnWorkers workers_;
+  std::unique_ptr<WorkerPool> serve_pool_;
   std::mutex inbound_mu_;
-  std::set<int> inbound_fds_;
+  std::unordered_map<int, InboundPtr> inbound_;
 };
 
 }  // namespace tcp

@@ -11,7 +11,13 @@ namespace tcp {
 struct TcpConfig {
   int64_t sock_sndbuf_bytes = 32 << 20;
   int64_t sock_rcvbuf_bytes = 32 << 20;
+  // Whole operation: a transfer not finished this long after submission fails.
   int64_t op_timeout_ms = 30000;
+  // mori_torch extension: a connection that moves no byte for this long while
+  // a transfer waits on it fails that transfer (and the connection), long
+  // before op_timeout_ms. A slow but live link (loss, delay) keeps moving
+  // bytes and is not cut off by it; raise op_timeout_ms for long transfers.
+  int64_t inactivity_timeout_ms = 10000;
   bool enable_keepalive = true;
   int64_t keepalive_idle_sec = 30;
   int64_t keepalive_intvl_sec = 10;
@@ -26,6 +32,9 @@ struct TcpConfig {
   // direction: `staging_depth` chunks of `staging_chunk_bytes` in flight.
   int64_t staging_chunk_bytes = 512 << 10;  // measured best on H200 (docs/BENCHMARK.md)
   int64_t staging_depth = 4;
+  // mori_torch extension: threads serving inbound data requests (the target
+  // side), whatever the number of connections; 0 picks from the core count.
+  int64_t serve_threads = 0;
 
   static TcpConfig FromMap(const BackendConfig& m);
 };

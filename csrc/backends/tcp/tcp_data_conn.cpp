@@ -3,6 +3,12 @@
 #include <cstring>
 
 #include <poll.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
@@ -38,16 +44,16 @@ void AppendPadding(uint64_t n, std::vector<iovec>* iov) {
 }
 
 DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg,
-                   std::shared_ptr<gpu::StagingPool> staging)
-    : connect_(std::move(connect)), peer_key_(std::move(peer_key)), cfg_(cfg), staging_(std::move(staging)) {
-  sender_ = std::thread([this] { SendLoop(); });
-  receiver_ = std::thread([this] { RecvLoop(); });
-}
+                   std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers)
+    : connect_(std::move(connect)),
+      peer_key_(std::move(peer_key)),
+      cfg_(cfg),
+      staging_(std::move(staging)),
+      workers_(std::move(workers)) {}
 
 DataConn::~DataConn() {
+  // No job runs any more (each holds a reference).
   Break("connection closed");
-  if (sender_.joinable()) sender_.join();
-  if (receiver_.joinable()) receiver_.join();
   staging_->Give(std::move(send_staging_));
   staging_->Give(std::move(recv_staging_));
 }
@@ -71,36 +77,75 @@ bool DataConn::Usable() {
   return false;
 }
 
+void DataConn::SchedulePostLocked() {
+  if (send_scheduled_ || broken_) return;
+  send_scheduled_ = true;
+  auto self = shared_from_this();
+  if (!workers_.senders->Post([self] { self->SendJob(); })) send_scheduled_ = false;
+}
+
 void DataConn::Enqueue(PartPtr p) {
+  bool stopped = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_) {
       send_q_.push_back(std::move(p));
-      cv_.notify_all();
-      return;
+      SchedulePostLocked();
+      if (send_scheduled_) return;
+      stopped = true;  // the workers are gone: the backend shut down
     }
+  }
+  if (stopped) {
+    Break("the TCP backend's workers have stopped");
+    return;
   }
   Complete(*p, StatusCode::ERR_BAD_STATE, "TCP connection to engine '" + peer_key_ + "' is broken: " + broken_reason_);
 }
 
 void DataConn::Complete(Part& p, StatusCode code, const std::string& msg) {
-  // p.use belongs to the sender thread, which may still be gathering from it
-  // (Break() and responses can end a part mid-send); it releases it itself.
+  // p.use belongs to the send job, which releases it itself.
   if (p.tracker) p.tracker->PartDone(code, msg);
 }
 
+bool DataConn::Unbusy(Part& p) {
+  return --p.busy == 0 && p.has_result;
+}
+
+bool DataConn::DeferIfBusy(Part& p, StatusCode code, const std::string& msg) {
+  if (p.busy == 0) return false;
+  if (!p.has_result) {
+    p.has_result = true;
+    p.result_code = code;
+    p.result_msg = msg;
+  }
+  return true;
+}
+
 void DataConn::Break(const std::string& reason, StatusCode code) {
+  const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
   std::deque<PartPtr> failed;
+  bool watched = false;
+  size_t deferred = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_) return;
     broken_ = true;
     broken_reason_ = reason;
-    failed.swap(inflight_);
+    for (auto& p : inflight_) {
+      if (DeferIfBusy(*p, code, msg)) {
+        ++deferred;
+      } else {
+        failed.push_back(std::move(p));
+      }
+    }
+    inflight_.clear();
     for (auto& p : send_q_) failed.push_back(std::move(p));
     send_q_.clear();
-    cv_.notify_all();
+    watched = watched_;
+    watched_ = false;
   }
+  // Off the loop before the socket can close (and its number be reused).
+  if (watched) workers_.loop->Remove(sock_.fd());
   {
     // With requests outstanding, reset, not just shut down: the target must
     // see the abort before it receives anything more into registered memory
@@ -114,11 +159,10 @@ void DataConn::Break(const std::string& reason, StatusCode code) {
       sock_.Abort();
     }
   }
-  if (!failed.empty()) {
+  if (!failed.empty() || deferred) {
     MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
-                                                   << failed.size() << " request(s)");
+                                                   << failed.size() + deferred << " request(s)");
   }
-  const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
   for (auto& p : failed) Complete(*p, code, msg);
 }
 
@@ -158,6 +202,10 @@ bool DataConn::Prepare(Part& p) {
 }
 
 bool DataConn::Connect() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (connected_) return true;
+  }
   Socket s;
   try {
     s = connect_();
@@ -169,35 +217,70 @@ bool DataConn::Connect() {
   if (broken_) return false;
   sock_ = std::move(s);
   connected_ = true;
-  cv_.notify_all();
+  progress_ms_.store(SteadyMs());
+  // Responses are awaited on the event loop; its idle reports (at least once
+  // a second) check the timeouts of the request at the head.
+  std::weak_ptr<DataConn> weak = shared_from_this();
+  try {
+    workers_.loop->Add(sock_.fd(), EPOLLIN | EPOLLRDHUP, std::min<int64_t>(cfg_.inactivity_timeout_ms, 1000),
+                       [weak](uint32_t ev) {
+                         if (auto self = weak.lock()) self->OnSocketEvent(ev);
+                       });
+  } catch (const Error& e) {
+    broken_reason_ = e.what();
+    return false;  // the caller breaks it
+  }
+  watched_ = true;
   return true;
 }
 
-void DataConn::SendLoop() {
-  if (!Connect()) return;
+void DataConn::SendJob() {
+  if (!Connect()) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      why = broken_reason_.empty() ? "connect failed" : broken_reason_;
+    }
+    Break(why);
+    return;
+  }
   std::vector<PartPtr> batch;
   while (true) {
     batch.clear();
     {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return broken_ || !send_q_.empty(); });
-      if (broken_) return;
+      std::lock_guard<std::mutex> lk(mu_);
+      if (broken_ || send_q_.empty()) {
+        send_scheduled_ = false;  // Enqueue schedules the next job
+        return;
+      }
       uint64_t bytes = 0;
       while (!send_q_.empty() && batch.size() < kMaxPartsPerSend && bytes < kMaxBytesPerSend) {
         PartPtr p = std::move(send_q_.front());
         send_q_.pop_front();
         if (!Prepare(*p)) continue;
         bytes += p->op == Op::Write ? p->total : 0;
+        if (p->op == Op::Write) ++p->busy;
         if (p->op != Op::Notice) inflight_.push_back(p);  // notices get no response
         batch.push_back(std::move(p));
       }
-      if (!batch.empty()) cv_.notify_all();  // wakes the receiver for the new in-flight requests
     }
     if (batch.empty()) continue;
     IoResult r = SendBatch(batch);
-    for (auto& p : batch) p->use.reset();
+    std::vector<PartPtr> ended;  // answered (or failed) while they were being sent
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& p : batch) {
+        p->use.reset();
+        if (p->op == Op::Write && Unbusy(*p)) ended.push_back(p);
+      }
+    }
+    for (auto& p : ended) Complete(*p, p->result_code, p->result_msg);
     if (!r.ok) {
-      Break(r.timed_out ? "send timed out after " + std::to_string(cfg_.op_timeout_ms) + " ms" : r.error);
+      Break(r.timed_out ? "send timed out: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
+                              ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
+                        : r.error);
+      std::lock_guard<std::mutex> lk(mu_);
+      send_scheduled_ = false;
       return;
     }
   }
@@ -205,7 +288,7 @@ void DataConn::SendLoop() {
 
 IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
   std::vector<iovec> iov;
-  const Deadline deadline = batch.front()->deadline;
+  const IoDeadline deadline = Bound(*batch.front());
   for (auto& p : batch) {
     iov.push_back({&p->hdr, sizeof(p->hdr)});
     if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});
@@ -227,91 +310,165 @@ IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
   return WriteVFull(sock_.fd(), iov, deadline);
 }
 
-void DataConn::RecvLoop() {
-  std::vector<iovec> iov;
-  std::string msg;
-  while (true) {
-    PartPtr head;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return broken_ || (connected_ && !inflight_.empty()); });
-      if (broken_) return;
-      head = inflight_.front();
-    }
-    // A response is at least kWireAlign bytes: its first ones hold the
-    // header and the start of the message (or padding).
-    alignas(8) char first[kWireAlign];
-    IoResult r = ReadFull(sock_.fd(), first, sizeof(first), head->deadline);
-    if (!r.ok) {
-      Break(r.timed_out ? "no response within op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) : r.error);
-      return;
-    }
-    ResponseHeader rh;
-    std::memcpy(&rh, first, sizeof(rh));
-    if (rh.magic != kResponseMagic || rh.req_id != head->hdr.req_id || rh.msg_len > kMaxMessageBytes) {
-      Break("protocol error: unexpected response (magic, request id or length)");
-      return;
-    }
-    constexpr size_t kFirstMsg = sizeof(first) - sizeof(rh);
-    msg.assign(first + sizeof(rh), kFirstMsg);
-    msg.resize(WireRound(sizeof(rh) + rh.msg_len) - sizeof(rh));  // message and padding
-    r = ReadFull(sock_.fd(), &msg[0] + kFirstMsg, msg.size() - kFirstMsg, head->deadline);
-    msg.resize(rh.msg_len);
-    auto code = static_cast<StatusCode>(rh.code);
-    if (r.ok && code == StatusCode::SUCCESS && head->op == Op::Read) {
-      if (rh.payload_bytes != head->total) {
-        Break("protocol error: read payload of " + std::to_string(rh.payload_bytes) + " bytes, expected " +
-              std::to_string(head->total));
-        return;
+void DataConn::OnSocketEvent(uint32_t events) {
+  if (events != EventLoop::kIdle) {
+    auto self = shared_from_this();
+    if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
+    return;
+  }
+  // Bytes the peer acknowledged count as progress too: a request sent whole
+  // into the socket buffer still drains over a slow link.
+  int unsent = 0;
+  if (::ioctl(sock_.fd(), SIOCOUTQ, &unsent) == 0 && unsent != last_unsent_) {
+    last_unsent_ = unsent;
+    progress_ms_.store(SteadyMs());
+  }
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_) return;
+    if (!inflight_.empty()) {
+      if (Clock::now() >= inflight_.front()->deadline) {
+        why = "no response within op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms);
+      } else if (SteadyMs() - progress_ms_.load() >= cfg_.inactivity_timeout_ms) {
+        why = "no progress for " + std::to_string(cfg_.inactivity_timeout_ms) + " ms (inactivity_timeout_ms)";
       }
-      MemoryUse use(head->local);
-      if (use && OnGpu(use->desc)) {
-        std::string gpu_error;
-        r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true},
-                       head->deadline, &gpu_error);
-        if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), head->deadline);
-        if (!gpu_error.empty()) {
-          code = StatusCode::ERR_GPU_OP;
-          msg = "copying the read payload to GPU memory failed: " + gpu_error;
-        }
-      } else if (use) {
-        iov.clear();
-        AppendIovecs(use->Base(), head->segs, true, &iov);
-        char pad[kWireAlign];
-        if (uint64_t n = WirePad(rh.payload_bytes)) iov.push_back({pad, n});
-        r = ReadVFull(sock_.fd(), iov, head->deadline);
-      } else {
-        r = Discard(sock_.fd(), WireRound(rh.payload_bytes), head->deadline);
-        code = StatusCode::ERR_NOT_FOUND;
-        msg = "local memory " + std::to_string(head->local->desc.id) + " was deregistered during the read";
-      }
-    } else if (r.ok && rh.payload_bytes != 0) {
-      Break("protocol error: unexpected payload on a response");
-      return;
-    }
-    if (!r.ok) {
-      Break(r.timed_out ? "read payload timed out" : r.error);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (broken_) return;  // Break() already failed `head`
-      inflight_.pop_front();
-    }
-    if (code != StatusCode::SUCCESS && !IsError(code)) code = StatusCode::ERR_BAD_STATE;
-    if (IsError(code)) msg = "engine '" + peer_key_ + "': " + msg;
-    Complete(*head, code, msg);
-    if (code == StatusCode::SUCCESS && head->op == Op::Read && head->notify) {
-      auto n = std::make_shared<Part>();
-      n->op = Op::Notice;
-      n->uid = head->uid;
-      n->parts_total = head->parts_total;
-      n->incarnation = head->incarnation;
-      n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
-      Enqueue(std::move(n));
     }
   }
+  if (!why.empty()) return Break(why);
+  workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
 }
 
+void DataConn::RecvJob() {
+  do {
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (broken_) return;
+      idle = inflight_.empty();
+    }
+    if (idle) {
+      // Bytes (or a hang-up) with no request outstanding (a request is in
+      // flight before its first byte is sent): the peer closed the
+      // connection or broke the protocol.
+      char c;
+      ssize_t n = ::recv(sock_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // a spurious report
+      Break(n == 0 ? "connection closed by the peer while idle" : "protocol error: bytes with no request outstanding");
+      return;
+    }
+    if (!ReceiveOne()) return;
+  } while (ReadableNow(sock_.fd()));
+  workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+}
+
+bool DataConn::ReceiveOne() {
+  std::vector<iovec>& iov = recv_iov_;
+  std::string& msg = recv_msg_;
+  PartPtr head;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_ || inflight_.empty()) return false;
+    head = inflight_.front();
+    if (head->op == Op::Read) ++head->busy;  // its payload lands in the caller's buffer
+  }
+  // On every way out: done with the read buffer; a result that came
+  // meanwhile (a break) is delivered now.
+  struct Unbusier {
+    DataConn* c;
+    Part* p;
+    ~Unbusier() {
+      if (!p || p->op != Op::Read) return;
+      bool deliver;
+      {
+        std::lock_guard<std::mutex> lk(c->mu_);
+        deliver = Unbusy(*p);
+      }
+      if (deliver) c->Complete(*p, p->result_code, p->result_msg);
+    }
+  } unbusier{this, head.get()};
+  const IoDeadline bound = Bound(*head);
+  // A response is at least kWireAlign bytes: its first ones hold the
+  // header and the start of the message (or padding).
+  alignas(8) char first[kWireAlign];
+  IoResult r = ReadFull(sock_.fd(), first, sizeof(first), bound);
+  if (!r.ok) {
+    Break(r.timed_out ? "no response: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
+                            ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
+                      : r.error);
+    return false;
+  }
+  ResponseHeader rh;
+  std::memcpy(&rh, first, sizeof(rh));
+  if (rh.magic != kResponseMagic || rh.req_id != head->hdr.req_id || rh.msg_len > kMaxMessageBytes) {
+    Break("protocol error: unexpected response (magic, request id or length)");
+    return false;
+  }
+  constexpr size_t kFirstMsg = sizeof(first) - sizeof(rh);
+  msg.assign(first + sizeof(rh), kFirstMsg);
+  msg.resize(WireRound(sizeof(rh) + rh.msg_len) - sizeof(rh));  // message and padding
+  r = ReadFull(sock_.fd(), &msg[0] + kFirstMsg, msg.size() - kFirstMsg, bound);
+  msg.resize(rh.msg_len);
+  auto code = static_cast<StatusCode>(rh.code);
+  if (r.ok && code == StatusCode::SUCCESS && head->op == Op::Read) {
+    if (rh.payload_bytes != head->total) {
+      Break("protocol error: read payload of " + std::to_string(rh.payload_bytes) + " bytes, expected " +
+            std::to_string(head->total));
+      return false;
+    }
+    MemoryUse use(head->local);
+    if (use && OnGpu(use->desc)) {
+      std::string gpu_error;
+      r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true},
+                     bound, &gpu_error);
+      if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), bound);
+      if (!gpu_error.empty()) {
+        code = StatusCode::ERR_GPU_OP;
+        msg = "copying the read payload to GPU memory failed: " + gpu_error;
+      }
+    } else if (use) {
+      iov.clear();
+      AppendIovecs(use->Base(), head->segs, true, &iov);
+      char pad[kWireAlign];
+      if (uint64_t n = WirePad(rh.payload_bytes)) iov.push_back({pad, n});
+      r = ReadVFull(sock_.fd(), iov, bound);
+    } else {
+      r = Discard(sock_.fd(), WireRound(rh.payload_bytes), bound);
+      code = StatusCode::ERR_NOT_FOUND;
+      msg = "local memory " + std::to_string(head->local->desc.id) + " was deregistered during the read";
+    }
+  } else if (r.ok && rh.payload_bytes != 0) {
+    Break("protocol error: unexpected payload on a response");
+    return false;
+  }
+  if (!r.ok) {
+    Break(r.timed_out ? "read payload timed out: " + r.error : r.error);
+    return false;
+  }
+  if (code != StatusCode::SUCCESS && !IsError(code)) code = StatusCode::ERR_BAD_STATE;
+  if (IsError(code)) msg = "engine '" + peer_key_ + "': " + msg;
+  bool deferred;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_) return false;  // Break() failed `head` (or left it to unbusier)
+    inflight_.pop_front();
+    if (head->op == Op::Read) {
+      --head->busy;  // done with the buffer; the unbusier has nothing left to do
+      unbusier.p = nullptr;
+    }
+    deferred = DeferIfBusy(*head, code, msg);
+  }
+  if (!deferred) Complete(*head, code, msg);
+  if (code == StatusCode::SUCCESS && head->op == Op::Read && head->notify) {
+    auto n = std::make_shared<Part>();
+    n->op = Op::Notice;
+    n->uid = head->uid;
+    n->parts_total = head->parts_total;
+    n->incarnation = head->incarnation;
+    n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
+    Enqueue(std::move(n));
+  }
+  return true;
+}
 }  // namespace tcp
 }  // namespace mori_torch

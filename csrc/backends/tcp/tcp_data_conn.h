@@ -1,11 +1,15 @@
-// Initiator side of one TCP data connection. The sender thread first opens
-// the connection (so submitting never waits on the network), then writes queued
-// requests back to back (several per sendmsg, payload gathered straight from
-// registered memory); a receiver thread reads the in-order responses (and
-// read payloads, scattered straight into registered memory). Any I/O error or
-// timeout breaks the connection and ends every request on it with an error.
+// Initiator side of one TCP data connection, driven by the backend's shared
+// workers (no thread of its own). A send job first opens the connection (so
+// submitting never waits on the network), then writes queued requests back to
+// back (several per sendmsg, payload gathered straight from registered
+// memory) until the queue is empty. The event loop watches the socket; when a
+// response arrives, a receive job reads the in-order responses (and read
+// payloads, scattered straight into registered memory) while they keep
+// coming. Any I/O error or timeout breaks the connection and ends every
+// request on it with an error.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -17,6 +21,7 @@
 
 #include "backends/tcp/tcp_config.h"
 #include "backends/tcp/tcp_protocol.h"
+#include "core/event_loop.h"
 #include "core/memory_registry.h"
 #include "core/net.h"
 #include "core/segments.h"
@@ -45,17 +50,35 @@ struct Part {
   RequestHeader hdr{};
   std::vector<WireSegment> table;
   MemoryUse use;  // write payload source, held while it is sent
+  // Guarded by the connection's mu_: jobs using the part's local bytes now
+  // (the send job gathering a write payload, the receive job scattering a
+  // read payload). Its status must not end while they do (the caller may
+  // free the buffer once it ends), so a result that comes meanwhile (the
+  // response, a break) waits here and the last job out delivers it.
+  int busy = 0;
+  bool has_result = false;
+  StatusCode result_code = StatusCode::SUCCESS;
+  std::string result_msg;
 };
 using PartPtr = std::shared_ptr<Part>;
 
-class DataConn {
+// The threads every initiator connection of a backend shares: one pool per
+// direction, so that a send blocked on a full socket never keeps a response
+// from being read (pools of one role only wait on jobs of another).
+struct DataConnWorkers {
+  EventLoop* loop = nullptr;
+  std::shared_ptr<WorkerPool> senders;
+  std::shared_ptr<WorkerPool> receivers;
+};
+
+class DataConn : public std::enable_shared_from_this<DataConn> {
  public:
-  // `connect` opens the socket (throws Error); it runs on the sender thread,
-  // and requests queued meanwhile fail with its error if it throws.
+  // `connect` opens the socket (throws Error); it runs in the first send
+  // job, and requests queued meanwhile fail with its error if it throws.
   // `staging` lends pinned bounce buffers for GPU memory.
   DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg,
-           std::shared_ptr<gpu::StagingPool> staging);
-  ~DataConn();  // breaks the connection (ending its requests) and joins
+           std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers);
+  ~DataConn();  // breaks the connection (ending its requests)
   DataConn(const DataConn&) = delete;
   DataConn& operator=(const DataConn&) = delete;
 
@@ -70,8 +93,15 @@ class DataConn {
   void Break(const std::string& reason, StatusCode code = StatusCode::ERR_BAD_STATE);
 
  private:
-  void SendLoop();
-  void RecvLoop();
+  // Send job: connects if needed, then sends until the queue is empty.
+  void SendJob();
+  // Receive job: reads responses while bytes keep coming.
+  void RecvJob();
+  // Reads one response (its first bytes have arrived); false: broken.
+  bool ReceiveOne();
+  // The event loop reported the socket (readable, hung up, or quiet).
+  void OnSocketEvent(uint32_t events);
+  void SchedulePostLocked();  // mu_ held: a send job if none is pending
   // Fills the wire header and table; acquires write payloads and, for GPU
   // memory, the staging buffers. False if the part was failed instead (its
   // local memory was deregistered, or no buffers could be pinned).
@@ -81,6 +111,14 @@ class DataConn {
   // Runs connect_; false (connection broken) if it failed.
   bool Connect();
   void Complete(Part& p, StatusCode code, const std::string& msg);
+  // mu_ held: true (result kept for the job using it) if p is busy.
+  static bool DeferIfBusy(Part& p, StatusCode code, const std::string& msg);
+  // mu_ held: a job is done with p's bytes; true if it must now deliver the
+  // result kept meanwhile.
+  static bool Unbusy(Part& p);
+  // The I/O bound of a request: its whole-operation deadline and the
+  // connection's inactivity timeout.
+  IoDeadline Bound(const Part& p) { return {p.deadline, cfg_.inactivity_timeout_ms, &progress_ms_}; }
 
   std::function<Socket()> connect_;
   Socket sock_;  // set once by Connect(), under mu_
@@ -88,17 +126,24 @@ class DataConn {
   const std::string peer_key_;
   const TcpConfig cfg_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<PartPtr> send_q_;
   std::deque<PartPtr> inflight_;  // sent or being sent, in wire order
+  // Last byte moved in either direction (inactivity timeout, see TcpConfig).
+  std::atomic<int64_t> progress_ms_{0};
+  int last_unsent_ = 0;  // SIOCOUTQ at the last idle report (loop thread only)
   bool broken_ = false;
   std::string broken_reason_;
   uint64_t next_req_id_ = 1;
+  bool send_scheduled_ = false;  // a send job is queued or running
+  bool watched_ = false;         // the socket is on the event loop
   std::shared_ptr<gpu::StagingPool> staging_;
   // Bounce buffers of the sender (GPU write payloads) and of the receiver
   // (GPU read payloads), taken from staging_ on first use under mu_.
   std::unique_ptr<gpu::StagingSet> send_staging_, recv_staging_;
-  std::thread sender_, receiver_;
+  DataConnWorkers workers_;
+  // Reused by the receive job.
+  std::vector<iovec> recv_iov_;
+  std::string recv_msg_;
 };
 
 // True when `m` is GPU memory (its bytes go through staging buffers).

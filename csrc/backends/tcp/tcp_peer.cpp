@@ -6,12 +6,13 @@ namespace mori_torch {
 namespace tcp {
 
 TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, const TcpConfig& cfg,
-                 std::shared_ptr<gpu::StagingPool> staging)
+                 std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers)
     : self_(self),
       secret_(std::move(secret)),
       remote_(std::move(remote)),
       cfg_(cfg),
       staging_(std::move(staging)),
+      workers_(std::move(workers)),
       conns_(static_cast<size_t>(cfg.num_data_conns)) {}
 
 TcpPeer::~TcpPeer() { Close("peer removed"); }
@@ -27,7 +28,7 @@ void TcpPeer::Close(const std::string& reason) {
   for (auto& c : conns) {
     if (c) c->Break(reason);
   }
-  conns.clear();  // joins the connection threads
+  conns.clear();
 }
 
 std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
@@ -38,8 +39,8 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
   }
   auto& c = conns_[i];
   if (c && c->Usable()) return c;
-  // Connecting happens on the connection's own thread: a slow or hung peer
-  // never blocks the caller's submit.
+  // Connecting happens in the connection's first send job: a slow or hung
+  // peer never blocks the caller's submit.
   auto connect = [self = self_, remote = remote_, cfg = cfg_, secret = secret_]() {
     Socket s = OpenEngineConnection(self, remote, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
                                     static_cast<int>(cfg.connect_timeout_ms), secret);
@@ -49,7 +50,7 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
                  static_cast<int>(cfg.keepalive_intvl_sec), static_cast<int>(cfg.keepalive_cnt));
     return s;
   };
-  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_, staging_);  // the broken one is joined here
+  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_, staging_, workers_);
   return c;
 }
 

@@ -61,7 +61,7 @@ void Drain(gpu::StagingSet& st) {
 
 }  // namespace
 
-IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadline deadline) {
+IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, const IoDeadline& deadline) {
   ChunkWalker walk(src);
   const int depth = st.depth();
   std::vector<uint64_t> len(static_cast<size_t>(depth), 0);
@@ -92,7 +92,8 @@ IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadlin
   return IoResult::Ok();
 }
 
-IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadline deadline, std::string* gpu_error) {
+IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, const IoDeadline& deadline,
+                    std::string* gpu_error) {
   ChunkWalker walk(dst);
   const int depth = st.depth();
   std::vector<Piece> pieces;

@@ -29,12 +29,13 @@ struct DeviceBytes {
 
 // Sends the payload. A device error fails the result (the stream is then
 // out of step: the caller drops the connection).
-IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, Deadline deadline);
+IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, const IoDeadline& deadline);
 
 // Receives the payload. A device error does not fail the result: the rest
 // of the payload is still read (the stream stays in step) and the error is
 // put in *gpu_error.
-IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadline deadline, std::string* gpu_error);
+IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, const IoDeadline& deadline,
+                    std::string* gpu_error);
 
 }  // namespace tcp
 }  // namespace mori_torch

@@ -2,7 +2,7 @@
 // proved the secret: the Hello frame's payload and the two handshake payloads
 // (AuthChallenge, AuthProof). Each parser must reject garbage with a message,
 // never crash, and no input may pass as a proof of a secret it was not made
-// with. Run by ctest for a bounded time (CMakeLists.txt, fuzz_handshake).
+// with. Built and run like every tests/fuzz/fuzz_<name>.cpp (scripts/test.sh).
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -33,7 +33,10 @@ const std::vector<uint8_t>& SomeHello() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    Hello h = ParseHello(data, size);
+    Frame f;
+    f.type = FrameType::Hello;
+    f.payload.assign(data, data + size);
+    Hello h = DecodeHello(f);
     // What parsed must encode back to the same bytes (nothing ignored).
     if (EncodeHello(h.kind, h.backend, h.peer, h.auth) != std::vector<uint8_t>(data, data + size)) std::abort();
   } catch (const Error&) {
