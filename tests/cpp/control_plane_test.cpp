@@ -763,7 +763,23 @@ TEST_F(ControlPlaneTest, FuzzedDataRequestsNeverTouchMemoryOutsideTheRegistratio
   EXPECT_EQ(0, std::memcmp(whole.data(), orig.data(), kPart)) << "guard before the registration was written";
   EXPECT_EQ(0, std::memcmp(whole.data() + 2 * kPart, orig.data() + 2 * kPart, kPart))
       << "guard after the registration was written";
-  EXPECT_NE(0, std::memcmp(whole.data() + kPart, orig.data() + kPart, kPart)) << "no fuzzed write ever landed";
+  // Each fuzzed stream ends in a half-close, and the target's fence drops a
+  // write whose payload it had not begun receiving when it saw it (the
+  // initiator left), so whether any fuzzed write lands is a race. That the
+  // path writes the registration at all is checked on a connection kept open.
+  {
+    const int fd = Handshake(ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP));
+    auto w = MakeWrite(1 << 20, mid, {{0, 64}}, 0x5a);
+    ASSERT_TRUE(SendAll(fd, w.Bytes()));
+    tcp::ResponseHeader rh{};
+    std::string msg;
+    ASSERT_TRUE(ReadResponse(fd, &rh, &msg));
+    EXPECT_EQ(rh.code, static_cast<uint16_t>(StatusCode::SUCCESS)) << msg;
+    EXPECT_EQ(std::vector<uint8_t>(whole.begin() + kPart, whole.begin() + kPart + 64), std::vector<uint8_t>(64, 0x5a));
+  }
+  EXPECT_EQ(0, std::memcmp(whole.data(), orig.data(), kPart)) << "guard before the registration was written";
+  EXPECT_EQ(0, std::memcmp(whole.data() + 2 * kPart, orig.data() + 2 * kPart, kPart))
+      << "guard after the registration was written";
   server_->DeregisterMemory(mid);
   ExpectServerStillServes();
 }
