@@ -52,7 +52,7 @@ class Target:
     def desc(self, port=None) -> EngineDesc:
         b = bytearray(self.engine_bytes)
         if port is not None:
-            b[-8:-4] = struct.pack("<i", port)  # a packed EngineDesc ends with port, pid
+            b[-16:-12] = struct.pack("<i", port)  # a packed EngineDesc ends with port, pid, incarnation
         return _unpack(EngineDesc, bytes(b))
 
     def close(self):
