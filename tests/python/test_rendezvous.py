@@ -44,6 +44,15 @@ def read_all(engine, remote: MemoryDesc) -> torch.Tensor:
     return local
 
 
+def _thread_state(task_dir, tid):
+    """State letter of a thread (/proc stat field 3); "" once it is gone."""
+    try:
+        with open(f"{task_dir}/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 class PeerProcess:
     """rendezvous_peer.py: an engine that publishes itself from its own process."""
 
@@ -76,6 +85,14 @@ class PeerProcess:
 
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
+        if sig == signal.SIGSTOP:
+            # kill() returns before every thread has stopped; a request that
+            # arrives meanwhile is still served. Wait until all are stopped.
+            deadline = time.monotonic() + 10
+            task_dir = f"/proc/{self.proc.pid}/task"
+            while not all(_thread_state(task_dir, t) in ("T", "t", "") for t in os.listdir(task_dir)):
+                assert time.monotonic() < deadline, "the process did not stop"
+                time.sleep(0.01)
 
     def stop(self):
         if self.proc.poll() is None:
