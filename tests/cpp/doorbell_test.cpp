@@ -13,6 +13,7 @@
 
 #include "core/engine.h"
 #include "stream/doorbell.h"
+#include "tcp_session_pair.h"
 #include "test_util.h"
 
 namespace mori_torch {
@@ -32,27 +33,14 @@ void Store(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); 
 class DoorbellTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    a_ = std::make_unique<Engine>("DA", EngineConfig{"127.0.0.1", 0});
-    b_ = std::make_unique<Engine>("DB", EngineConfig{"127.0.0.1", 0});
-    a_->CreateBackend(BackendType::TCP, {});
-    b_->CreateBackend(BackendType::TCP, {});
-    a_->RegisterRemoteEngine(b_->Desc());
-    b_->RegisterRemoteEngine(a_->Desc());
-    local_.assign(kPage * kPages, 0);
-    remote_.resize(kPage * kPages);
-    FillRandom(remote_, 7);
-    auto lm = a_->RegisterMemory(reinterpret_cast<uint64_t>(local_.data()), kPage * kPages, -1,
-                                 MemoryLocationType::CPU);
-    auto rm = b_->RegisterMemory(reinterpret_cast<uint64_t>(remote_.data()), kPage * kPages, -1,
-                                 MemoryLocationType::CPU);
-    session_ = a_->CreateSession(lm, rm);
+    pair_ = std::make_unique<testing_util::TcpSessionPair>("D", kPage * kPages, 7);
+    session_ = pair_->session;
     ASSERT_TRUE(session_);
     errors_ = std::make_shared<StreamErrors>();
   }
   void TearDown() override {
     session_.reset();
-    a_->Shutdown();
-    b_->Shutdown();
+    pair_.reset();
   }
 
   // A page read: local page `lp` <- remote page `rp`, lists in the slot.
@@ -80,11 +68,10 @@ class DoorbellTest : public ::testing::Test {
   }
 
   bool PageEquals(int64_t lp, int64_t rp) {
-    return std::memcmp(local_.data() + lp * kPage, remote_.data() + rp * kPage, kPage) == 0;
+    return std::memcmp(pair_->local.data() + lp * kPage, pair_->remote.data() + rp * kPage, kPage) == 0;
   }
 
-  std::unique_ptr<Engine> a_, b_;
-  std::vector<uint8_t> local_, remote_;
+  std::unique_ptr<testing_util::TcpSessionPair> pair_;
   std::shared_ptr<Session> session_;
   std::shared_ptr<StreamErrors> errors_;
 };

@@ -16,6 +16,7 @@
 #include "host_stream.h"
 #include "stream/doorbell.h"
 #include "stream/enqueue.h"
+#include "tcp_session_pair.h"
 #include "test_util.h"
 
 namespace mori_torch {
@@ -33,34 +34,22 @@ constexpr int kWaitMs = 20000;
 class EnqueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    a_ = std::make_unique<Engine>("EA", EngineConfig{"127.0.0.1", 0});
-    b_ = std::make_unique<Engine>("EB", EngineConfig{"127.0.0.1", 0});
-    a_->CreateBackend(BackendType::TCP, {});
-    b_->CreateBackend(BackendType::TCP, {});
-    a_->RegisterRemoteEngine(b_->Desc());
-    b_->RegisterRemoteEngine(a_->Desc());
-    registered_.assign(kPage * kPages, 0);
-    device_.assign(kPage * kPages, 0);
-    remote_.resize(kPage * kPages);
-    FillRandom(remote_, 11);
-    auto lm = a_->RegisterMemory(reinterpret_cast<uint64_t>(registered_.data()), kPage * kPages, -1,
-                                 MemoryLocationType::CPU);
-    auto rm = b_->RegisterMemory(reinterpret_cast<uint64_t>(remote_.data()), kPage * kPages, -1,
-                                 MemoryLocationType::CPU);
-    session_ = a_->CreateSession(lm, rm);
+    pair_ = std::make_unique<testing_util::TcpSessionPair>("E", kPage * kPages, 11);
+    session_ = pair_->session;
     ASSERT_TRUE(session_);
+    device_.assign(kPage * kPages, 0);
     errors_ = std::make_shared<StreamErrors>();
   }
   void TearDown() override {
     stream_.reset();
     session_.reset();
-    a_->Shutdown();
-    b_->Shutdown();
+    pair_.reset();
   }
 
-  // Pages between the stream's own bytes (device_, not the registration:
-  // only the staged path can reach them) and the remote; lists "on device".
-  StreamTransfer Pages(bool is_read, const int64_t* lp, const int64_t* rp, int64_t n) {
+  // A transfer between the stream's own bytes (device_, not the
+  // registration: only the staged path can reach them) and the remote;
+  // lists "on device".
+  StreamTransfer Transfer(bool is_read, int64_t count) {
     StreamTransfer t;
     t.session = session_;
     t.errors = errors_;
@@ -68,7 +57,12 @@ class EnqueueTest : public ::testing::Test {
     t.local_base = reinterpret_cast<uint64_t>(device_.data());
     t.local_size = device_.size();
     t.local_on_device = true;
-    t.segs.count = n;
+    t.segs.count = count;
+    return t;
+  }
+
+  StreamTransfer Pages(bool is_read, const int64_t* lp, const int64_t* rp, int64_t n) {
+    StreamTransfer t = Transfer(is_read, n);
     t.segs.offset_scale = kPage;
     t.segs.uniform_size = kPage;
     t.lists = {{lp, rp, nullptr}};
@@ -78,13 +72,13 @@ class EnqueueTest : public ::testing::Test {
   }
 
   bool PageEquals(int64_t lp, int64_t rp) {
-    return std::memcmp(device_.data() + lp * kPage, remote_.data() + rp * kPage, kPage) == 0;
+    return std::memcmp(device_.data() + lp * kPage, pair_->remote.data() + rp * kPage, kPage) == 0;
   }
 
   std::string TakeError(StatusCode* code) { return errors_->Take(code); }
 
-  std::unique_ptr<Engine> a_, b_;
-  std::vector<uint8_t> registered_, device_, remote_;
+  std::unique_ptr<testing_util::TcpSessionPair> pair_;
+  std::vector<uint8_t> device_;
   std::shared_ptr<Session> session_;
   std::shared_ptr<StreamErrors> errors_;
   std::unique_ptr<HostStream> stream_ = std::make_unique<HostStream>();
@@ -97,7 +91,7 @@ TEST_F(EnqueueTest, StagedPageReadUnpacksIntoTheStreamsBytes) {
   EnqueueOnStream(Pages(true, lp.data(), rp.data(), 4), *stream_);
   ASSERT_TRUE(stream_->Synchronize());
   for (size_t i = 0; i < lp.size(); ++i) EXPECT_TRUE(PageEquals(lp[i], rp[i])) << "page " << i;
-  EXPECT_TRUE(std::all_of(registered_.begin(), registered_.end(), [](uint8_t v) { return v == 0; }))
+  EXPECT_TRUE(std::all_of(pair_->local.begin(), pair_->local.end(), [](uint8_t v) { return v == 0; }))
       << "bytes went to the registration, not through the staging slot";
   EXPECT_TRUE(PollUntil([&] { return service.Watched() == watched; }, kWaitMs)) << "slot not recycled";
   StatusCode code;
@@ -107,20 +101,13 @@ TEST_F(EnqueueTest, StagedPageReadUnpacksIntoTheStreamsBytes) {
 TEST_F(EnqueueTest, StagedBatchWriteWithVariableSizesPacksAtPrefixSums) {
   FillRandom(device_, 5);
   std::vector<int64_t> lo = {100, 7000, 0, 20000}, ro = {50000, 0, 9000, 120000}, sz = {1000, 3, 4096, 7777};
-  StreamTransfer t;
-  t.session = session_;
-  t.errors = errors_;
-  t.is_read = false;
-  t.local_base = reinterpret_cast<uint64_t>(device_.data());
-  t.local_size = device_.size();
-  t.local_on_device = true;
-  t.segs.count = 4;
+  StreamTransfer t = Transfer(false, 4);
   t.lists = {{lo.data(), ro.data(), sz.data()}};
   t.list_on_device = {{true, true, true}};
   EnqueueOnStream(t, *stream_);
   ASSERT_TRUE(stream_->Synchronize());
   for (size_t i = 0; i < lo.size(); ++i) {
-    EXPECT_EQ(std::memcmp(remote_.data() + ro[i], device_.data() + lo[i], sz[i]), 0) << "segment " << i;
+    EXPECT_EQ(std::memcmp(pair_->remote.data() + ro[i], device_.data() + lo[i], sz[i]), 0) << "segment " << i;
   }
   StatusCode code;
   EXPECT_EQ(TakeError(&code), "");
@@ -146,8 +133,9 @@ TEST_F(EnqueueTest, CapturedReadReplaysWithEachReplaysBlockTable) {
   StatusCode code;
   EXPECT_EQ(TakeError(&code), "");
   stream_->Destroy(std::move(graph));
-  EXPECT_TRUE(PollUntil([&] { return service.Watched() == watched; }, kWaitMs)) << "captured slot not freed";
-  EXPECT_EQ(service.Leased(), leased);
+  // (Slots of earlier tests may still drain: poll both counts.)
+  EXPECT_TRUE(PollUntil([&] { return service.Watched() <= watched && service.Leased() == leased; }, kWaitMs))
+      << "captured slot not freed";
 }
 
 TEST_F(EnqueueTest, HostListsAreRefusedUnderCapture) {
@@ -191,7 +179,7 @@ TEST_F(EnqueueTest, OutOfRangeRemotePageFailsAtTheTargetAndUnpacksNothing) {
 }
 
 TEST_F(EnqueueTest, PeerGoneReleasesTheStreamWithAnError) {
-  b_->Shutdown();
+  pair_->b->Shutdown();
   std::vector<int64_t> lp = {0}, rp = {0};
   EnqueueOnStream(Pages(true, lp.data(), rp.data(), 1), *stream_);
   ASSERT_TRUE(stream_->Synchronize()) << "the stream was left waiting on a dead peer";
@@ -243,11 +231,11 @@ TEST_F(EnqueueTest, EmptyTransferOnlyOrders) {
 TEST_F(EnqueueTest, HostRegistrationMovesWithoutStaging) {
   std::vector<int64_t> lp = {6}, rp = {16};
   StreamTransfer t = Pages(true, lp.data(), rp.data(), 1);
-  t.local_base = reinterpret_cast<uint64_t>(registered_.data());
+  t.local_base = reinterpret_cast<uint64_t>(pair_->local.data());
   t.local_on_device = false;  // registered host memory: the engine writes it directly
   EnqueueOnStream(t, *stream_);
   ASSERT_TRUE(stream_->Synchronize());
-  EXPECT_EQ(std::memcmp(registered_.data() + 6 * kPage, remote_.data() + 16 * kPage, kPage), 0);
+  EXPECT_EQ(std::memcmp(pair_->local.data() + 6 * kPage, pair_->remote.data() + 16 * kPage, kPage), 0);
 }
 
 }  // namespace
