@@ -63,8 +63,11 @@ EOF
 "${PIP[@]}" -r build/vllm-env-requirements.txt
 "${PIP[@]}" --no-deps "$wheel"
 
-# mori_torch from a copy of the tracked (and new, unignored) sources.
-rm -rf "$SRC" && mkdir -p "$SRC"
+# mori_torch from a copy of the tracked (and new, unignored) sources. The
+# copy keeps its build/ folder and the sources' times, so a rerun recompiles
+# only what changed.
+mkdir -p "$SRC"
+find "$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
 git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$SRC"
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "${PIP[@]}" --no-build-isolation "$SRC"
 py=$(cd "$VENV/bin" && pwd)/python

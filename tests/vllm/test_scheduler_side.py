@@ -65,7 +65,7 @@ def test_decode_pulls_every_prompt_block_in_the_step_that_schedules_it(model):
     spec = meta.reqs_to_pull[req.request_id]
     # 69 tokens pulled (the last prompt token is computed here), in 5 blocks.
     assert out.num_scheduled_tokens[req.request_id] == 1
-    assert req.num_computed_tokens == 69
+    assert req.num_computed_tokens == 70  # 69 pulled + the 1 scheduled (counted at scheduling)
     assert out.has_sync_kv_loads
     assert spec.local_block_ids == blocks_of(s, req.request_id)[:5]
     assert spec.remote_block_ids == [100, 101, 102, 103, 104]
@@ -85,7 +85,7 @@ def test_decode_after_a_prefix_cache_hit_pulls_only_the_missing_blocks(model):
     s.add_request(req)
     out = s.schedule()
     spec = out.kv_connector_metadata.reqs_to_pull[req.request_id]
-    assert req.num_computed_tokens == 69
+    assert req.num_computed_tokens == 70 and out.num_scheduled_tokens[req.request_id] == 1
     assert spec.local_block_ids == blocks_of(s, req.request_id)[3:5]
     assert spec.remote_block_ids == [103, 104]
 
@@ -178,7 +178,7 @@ def test_roles_ignore_the_other_sides_requests(model):
     req = make_request(prompt(70, 10), params=remote_params(70))
     p.add_request(req)
     out = p.schedule()
-    assert out.kv_connector_metadata.reqs_to_pull == {} and req.num_computed_tokens == 64
+    assert out.kv_connector_metadata.reqs_to_pull == {} and out.num_scheduled_tokens[req.request_id] == 64
     c = scheduler(model, "kv_consumer")
     req = make_request(prompt(20, 11), max_tokens=1, params={"do_remote_decode": True})
     run_to_completion(c, req)  # freed at once: a consumer does not hand KV over

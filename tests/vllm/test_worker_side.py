@@ -121,6 +121,8 @@ def test_decode_holds_the_prefills_bytes_after_its_step(model, store, nodes, lay
     params = prefill(p, prompts)
     assert all(v["remote_engine_id"] == p.engine_id for v in params.values())
     want = {rid: p.call("kv", rid, len(toks) - 1) for rid, toks in prompts.items()}
+    assert all(len(b) == (len(prompts[r]) - 1) * KV_HEADS * 2 * HEAD * 2 and b.count(0) < len(b) // 100
+               for r, layers in want.items() for b in layers.values())  # random bytes, not an empty cache
 
     for rid, toks in prompts.items():
         d.call("add", "d" + rid, toks, 3, params[rid])
