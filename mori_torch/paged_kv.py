@@ -178,8 +178,11 @@ def layer_pages(cache: torch.Tensor, memory: torch.Tensor, kind: str = "auto") -
     if seg is None:
         raise ValueError(f"layer_pages: a block of the cache (shape {tuple(cache.shape)}, strides "
                          f"{cache.stride()}) is not one dense run of bytes")
+    outside = f"layer_pages: the cache starts {offset} bytes from the memory's start"
+    if offset < 0:
+        raise ValueError(f"{outside}, before it; is it a view into that memory?")
     pages = LayerPages(offset, cache.stride(block_dim) * esz, seg, segs, cache.shape[block_dim], shape)
-    if offset < 0 or pages.end > mem_bytes:
+    if pages.end > mem_bytes:
         raise ValueError(f"layer_pages: the cache spans bytes [{offset}, {pages.end}) of the memory, which has "
                          f"{mem_bytes}; is it a view into that memory?")
     return pages
