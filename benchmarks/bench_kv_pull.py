@@ -40,6 +40,8 @@ from mori_torch import ops
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig, XgmiBackendConfig
 from mori_torch.paged_kv import KVLayout, StaticPageTables
 
+from bench_ops import capture_graph  # benchmarks/ is this script's folder
+
 HEADS, BS, C2 = 8, 16, 64  # a block of one layer: [8 heads, 16 tokens, 2*32] bf16
 PAGE = HEADS * BS * C2 * 2  # 16 KiB
 
@@ -62,19 +64,6 @@ def median_graph_ms(g, replays, before=None):
         e.synchronize()
         times.append(s.elapsed_time(e))
     return statistics.median(times)
-
-
-def capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def run(backend, args, record):
@@ -131,7 +120,9 @@ def run(backend, args, record):
             compute(n)
 
     new_tables()
-    g_compute, g_pull, g_step = capture(compute_only), capture(pull_only), capture(stream_ordered)
+    g_compute = capture_graph(compute_only)
+    g_pull = capture_graph(pull_only)
+    g_step = capture_graph(stream_ordered)
     t_compute = median_graph_ms(g_compute, args.replays)
     t_pull = median_graph_ms(g_pull, args.replays, before=new_tables)
     t_step = median_graph_ms(g_step, args.replays, before=new_tables)
