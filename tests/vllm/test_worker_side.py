@@ -148,6 +148,26 @@ def test_decode_holds_the_prefills_bytes_after_its_step(model, store, nodes, lay
     d.step_until(lambda r: {"da", "db"} <= set(r["finished"]))
 
 
+def test_prefill_and_decode_meet_in_etcd(model, nodes):
+    from mori_torch.rendezvous.local_etcd import LocalEtcd
+
+    with LocalEtcd() as etcd:
+        e = {"rendezvous": etcd.endpoint.replace("http://", "etcd://"), "host": "127.0.0.1", "backend": "auto",
+             "side_channel_port": free_port(), "namespace": f"t{uuid.uuid4().hex[:8]}", "ttl_s": 2}
+        p = nodes(model, "kv_producer", e, salt=7)
+        d = nodes(model, "kv_consumer", e, num_blocks=40, salt=8)
+        toks = prompt(60, 60)
+        params = prefill(p, {"e": toks})
+        want = p.call("kv", "e", 59)
+        d.call("add", "de", toks, 3, params["e"])
+        r = d.call("step")
+        assert r["invalid"] == [] and len(r["pulls"]["de"][0]) == 4
+        assert d.call("kv", "de", 59) == want
+        p.step_until(lambda r: r["finished_sending"] == ["e"], steps=100, pause=0.05)
+        p.close()
+        d.close()
+
+
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 def test_a_prefill_killed_mid_request_is_a_load_error_and_nothing_hangs(model, store, nodes, policy):
     e = extra(store)
