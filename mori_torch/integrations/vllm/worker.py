@@ -98,6 +98,7 @@ class _Step:
     notices: Dict[Tuple[str, int], List[str]]
     started: Optional[float] = None
     start_event: Optional[object] = None
+    end_event: Optional[object] = None  # recorded after the step's last pull (GPU)
 
 
 class ConnectorWorker:
@@ -241,6 +242,12 @@ class ConnectorWorker:
             except (RuntimeError, ValueError) as e:  # CPU caches: the transfer ran and failed
                 pull.error = f"pulling layer {layer_name!r}: {e}"
             self.stats.add("enqueue_s", time.perf_counter() - t0)
+        if (step.start_event is not None and step.end_event is None
+                and all(p.error is not None or not p.pending for p in step.pulls)):
+            # The end of the step's pulls on the stream: the end of the step
+            # waits for this, not for the rest of the forward pass.
+            step.end_event = torch.cuda.Event(enable_timing=True)
+            step.end_event.record()
 
     def _finish_step(self) -> None:
         """Ends this step's pulls: waits for the step's stream work (GPU),
@@ -250,8 +257,10 @@ class ConnectorWorker:
             return
         step_s = None
         if step.start_event is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end = step.end_event
+            if end is None:  # some layers were never pulled: wait for all work so far
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
             end.synchronize()
             step_s = step.start_event.elapsed_time(end) / 1e3
         elif step.started is not None:
