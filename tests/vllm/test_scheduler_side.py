@@ -152,8 +152,10 @@ def test_chunked_prefill_hands_over_all_its_blocks_and_keeps_them_until_read(mod
     assert params["do_remote_prefill"] and not params["do_remote_decode"]
     assert (params["remote_engine_id"], params["remote_request_id"]) == ("kv_producer-engine", req.request_id)
     assert (params["remote_host"], params["remote_port"], params["remote_block_size"]) == ("127.0.0.1", 40000, BLOCK)
-    # Blocks stay allocated; the worker learns the lease in the next step.
+    # Blocks stay allocated; the worker learns the lease in the next step,
+    # and vLLM's engine keeps stepping (so the worker sees the decode's notice).
     assert req.request_id in s.requests
+    assert s.has_requests() and not s.has_unfinished_requests()
     out = s.schedule()
     deadline = out.kv_connector_metadata.reqs_to_send[req.request_id]
     assert 55 < deadline - time.time() <= 60
@@ -161,6 +163,7 @@ def test_chunked_prefill_hands_over_all_its_blocks_and_keeps_them_until_read(mod
     s.update_from_output(out, runner_output(s, out, KVConnectorOutput(finished_sending={req.request_id})))
     assert req.request_id not in s.requests
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == free_before + 5
+    assert not s.has_requests()
 
 
 def test_an_aborted_prefill_frees_its_blocks_at_once(model):
