@@ -22,6 +22,7 @@ TORCH_SPEC=torch==2.13.0
 WHEELS=${MORI_TORCH_COMPAT_CACHE:-$HOME/.cache/mori_torch/compat}
 SRC=build/vllm-env/src
 
+mkdir -p build
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip setuptools wheel
