@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 
 log = logging.getLogger("vllm-disagg-proxy")
+SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 def prefill_request(body: dict) -> dict:
@@ -43,7 +44,7 @@ def make_app(prefills, decodes, timeout_s=600.0) -> web.Application:
 
     async def forward(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        session: aiohttp.ClientSession = request.app["session"]
+        session = request.app[SESSION]
         async with session.post(next(next_prefill) + request.path, json=prefill_request(body)) as r:
             if r.status != 200:
                 return web.Response(status=r.status, body=await r.read(), content_type="application/json")
@@ -62,10 +63,10 @@ def make_app(prefills, decodes, timeout_s=600.0) -> web.Application:
             return resp
 
     async def start(app):
-        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+        app[SESSION] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
 
     async def stop(app):
-        await app["session"].close()
+        await app[SESSION].close()
 
     app = web.Application()
     app.router.add_post("/v1/completions", forward)

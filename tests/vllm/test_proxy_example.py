@@ -50,7 +50,11 @@ def upstream(seen, reply_params=True):
 
 
 def run(coro):
-    return asyncio.new_event_loop().run_until_complete(coro)
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
 
 
 def test_prefill_then_decode_with_the_prefills_params():
