@@ -74,6 +74,7 @@ def node_main(conn, model: str, role: str, extra: dict, engine_id: str, num_bloc
                 sched.add_request(H.make_request(prompt, max_tokens=max_tokens, params=params, request_id=req_id))
                 conn.send(("ok", None))
             elif cmd == "step":
+                skip = set(args[0]) if args else set()  # layers whose attention does not call the hook
                 step_no += 1
                 out = sched.schedule()
                 meta = out.kv_connector_metadata
@@ -81,7 +82,8 @@ def node_main(conn, model: str, role: str, extra: dict, engine_id: str, num_bloc
                 worker.bind_connector_metadata(meta)
                 worker.start_load_kv(None)
                 for li, name in enumerate(names):
-                    worker.wait_for_layer_load(name)
+                    if li not in skip:
+                        worker.wait_for_layer_load(name)
                     for k, (req_id, (blocks, start, n)) in enumerate(pos.items()):
                         _write_kv(caches[name], blocks, start, n, H.BLOCK, hash((salt, step_no, li, k)) & 0xFFFFFFFF)
                 results = worker.get_transfer_results(out.finished_req_ids)

@@ -217,3 +217,17 @@ def test_an_unknown_prefill_engine_is_a_load_error(model, store, nodes):
     assert time.monotonic() - t0 < 10
     assert r["invalid"] == sorted(r["pulls"]["dz"][0]) and len(r["invalid"]) == 3
     assert r["stats"]["failed_connects"] == 1
+
+
+def test_a_layer_whose_hook_never_ran_is_a_load_error(model, store, nodes):
+    e = extra(store)
+    p = nodes(model, "kv_producer", e, salt=9)
+    d = nodes(model, "kv_consumer", e, num_blocks=40, policy="recompute", salt=10)
+    params = prefill(p, {"s": prompt(50, 70)})
+    d.call("add", "ds", prompt(50, 70), 2, params["s"])
+    r = d.call("step", [2])  # layer 2's attention ran without wait_for_layer_load
+    local = r["pulls"]["ds"][0]
+    assert r["invalid"] == sorted(local) and len(local) == 4
+    assert r["computed"]["ds"] == 0  # vLLM recomputes the prompt rather than use layer 2's missing KV
+    assert r["stats"]["failed_requests"] == 1
+    p.step_until(lambda r: r["finished_sending"] == ["s"], steps=100, pause=0.05)  # the prefill is freed anyway
