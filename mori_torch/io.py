@@ -76,6 +76,11 @@ class PollCqMode(enum.IntEnum):
 class IOEngineConfig:
     host: str = ""
     port: int = 0
+    # mori_torch extension (keyword-only, so mori.io's positional signature
+    # holds): a secret every peer must prove before anything is served; None
+    # takes MORI_TORCH_SECRET, and without either the engine serves anyone.
+    # Never printed, never part of a descriptor.
+    secret: Optional[str] = dataclasses.field(default=None, kw_only=True, repr=False)
 
 
 @dataclasses.dataclass
@@ -311,6 +316,8 @@ class EngineDesc:
     host = property(lambda self: self._d.host())
     port = property(lambda self: self._d.port())
     pid = property(lambda self: self._d.pid())
+    # mori_torch extension: random per engine process (a restart changes it)
+    incarnation = property(lambda self: self._d.incarnation() & 0xFFFFFFFFFFFFFFFF)
 
     def pack(self) -> bytes:
         return bytes(self._d.pack().tolist())
@@ -449,7 +456,9 @@ class IOEngine:
             raise TypeError(f"IOEngine: config must be an IOEngineConfig, got {type(config).__name__}")
         if not isinstance(config.host, str):
             raise TypeError("IOEngineConfig.host must be a str")
-        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port))
+        if config.secret is not None and not isinstance(config.secret, str):
+            raise TypeError(f"IOEngineConfig.secret must be a str or None, got {type(config.secret).__name__}")
+        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "")
         self._key = key
         # Registered tensors stay alive until deregistered: the engine may
         # touch their memory at any time.

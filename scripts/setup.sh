@@ -12,10 +12,13 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
 # System packages: a compiler toolchain, CMake + Ninja and GoogleTest for the
 # torch-free C++ tests, Debian's hipcc and HIP headers for the AMD compile check,
 # verbs headers (the RDMA backend compiles against them; libibverbs itself is
-# loaded at run time), QEMU + image tools for the Soft-RoCE test VM, and
-# etcd-server, which the rendezvous tests start on a free loopback port.
+# loaded at run time), OpenSSL 3's libcrypto (loaded at run time for peer
+# authentication), clang 15 with libFuzzer for the fuzz targets, QEMU + image
+# tools for the Soft-RoCE test VM, and etcd-server, which the rendezvous tests
+# start on a free loopback port.
 missing() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
-mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev etcd-server)
+mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev \
+  etcd-server libssl3 clang-15 libclang-common-15-dev)
 # Without recommends: QEMU's would pull in a desktop stack.
 mapfile -t need_vm < <(missing qemu-system-x86 mmdebstrap cpio kmod xz-utils)
 if ((${#need[@]} + ${#need_vm[@]})); then

@@ -36,6 +36,8 @@ struct TransferOp {
 // What a backend may use of its engine. Outlives every backend.
 struct BackendContext {
   const EngineDesc* self = nullptr;
+  // What this engine proves on the connections it opens ("" for none).
+  std::string secret;
   MemoryRegistry* memory = nullptr;
   NotificationTable* notices = nullptr;
   // For backends that map a peer's memory and write it directly (XGMI):

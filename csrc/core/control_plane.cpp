@@ -1,5 +1,7 @@
 #include "core/control_plane.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -7,6 +9,7 @@
 
 #include "core/byte_io.h"
 #include "core/logging.h"
+#include "core/memory_registry.h"
 
 namespace mori_torch {
 
@@ -25,14 +28,91 @@ Error DecodeErrorPayload(const Frame& f, const std::string& where) {
   return Error(code, where + ": " + msg);
 }
 
-std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self) {
+std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self,
+                                 const auth::HelloAuth& auth) {
   ByteWriter w;
   w.Put<uint8_t>(static_cast<uint8_t>(kind));
   w.Put<uint8_t>(backend);
   auto desc = self.Pack();
   w.Put<uint32_t>(static_cast<uint32_t>(desc.size()));
   w.PutBytes(desc.data(), desc.size());
+  auth::PutHelloAuth(w, auth);
   return std::move(w.bytes());
+}
+
+Hello ParseHello(const uint8_t* payload, size_t n) {
+  Hello h;
+  ByteReader rd(payload, n, "Hello frame");
+  uint8_t k = rd.Get<uint8_t>("kind");
+  if (k != static_cast<uint8_t>(ConnectionKind::Control) && k != static_cast<uint8_t>(ConnectionKind::Data)) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "unknown connection kind " + std::to_string(k));
+  }
+  h.kind = static_cast<ConnectionKind>(k);
+  h.backend = rd.Get<uint8_t>("backend");
+  uint32_t len = rd.Get<uint32_t>("desc length");
+  if (len > rd.remaining()) {
+    throw Error(StatusCode::ERR_INVALID_ARGS, "Hello frame truncated: engine desc of " + std::to_string(len) +
+                                                  " bytes but only " + std::to_string(rd.remaining()) + " left");
+  }
+  std::vector<uint8_t> desc(len);
+  rd.GetBytes(desc.data(), len, "engine desc");
+  h.auth = auth::GetHelloAuth(rd);
+  rd.ExpectEnd();
+  h.peer = EngineDesc::Unpack(desc.data(), desc.size());
+  return h;
+}
+
+namespace {
+
+std::string PeerAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+      port = ntohs(a->sin6_port);
+    }
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+}  // namespace
+
+std::string ControlPlaneServer::Authenticate(int fd, const Hello& hello, const std::vector<uint8_t>& hello_bytes) {
+  const std::string& secret = opts_.secret;
+  const std::string& self_key = delegate_->SelfDesc().key;
+  if (secret.empty()) {
+    if (hello.auth.version == 0) return "";
+    return "this engine has no secret configured, but the connecting engine '" + hello.peer.key +
+           "' requires authentication: set the same secret on both (IOEngineConfig(secret=...) or MORI_TORCH_SECRET)";
+  }
+  if (hello.auth.version == 0) {
+    return "this engine requires authentication and the connecting engine '" + hello.peer.key +
+           "' has no secret: set the same secret on both (IOEngineConfig(secret=...) or MORI_TORCH_SECRET)";
+  }
+  auth::ServerHandshake hs(secret, hello_bytes, self_key);
+  if (!WriteFrame(fd, FrameType::AuthChallenge, hs.Challenge(), opts_.frame_timeout_ms).ok) {
+    return "connection lost during authentication";
+  }
+  Frame proof;
+  IoResult r = ReadFrame(fd, &proof, opts_.hello_timeout_ms, opts_.frame_timeout_ms);
+  if (!r.ok) return "no authentication proof: " + r.error;
+  if (proof.type == FrameType::Error) {
+    return "the connecting engine refused this engine's proof: " +
+           std::string(DecodeErrorPayload(proof, "'" + hello.peer.key + "'").what());
+  }
+  if (proof.type != FrameType::AuthProof) {
+    return "expected AuthProof, got frame type " + std::to_string(static_cast<int>(proof.type));
+  }
+  std::string why = hs.VerifyProof(proof.payload.data(), proof.payload.size());
+  return why.empty() ? "" : "authentication failed: " + why;
 }
 
 ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPlaneOptions opts)
@@ -123,28 +203,23 @@ void ControlPlaneServer::Serve(Conn* c) {
     MORI_LOG(Warning, "control plane: closing new connection: " << r.error);
     return;
   }
-  EngineDesc peer;
-  ConnectionKind kind;
-  uint8_t backend = 0;
+  Hello h;
   try {
     if (hello.type != FrameType::Hello) {
       throw Error(StatusCode::ERR_INVALID_ARGS,
                   "expected Hello, got frame type " + std::to_string(static_cast<int>(hello.type)));
     }
-    ByteReader rd(hello.payload.data(), hello.payload.size(), "Hello frame");
-    uint8_t k = rd.Get<uint8_t>("kind");
-    if (k != static_cast<uint8_t>(ConnectionKind::Control) && k != static_cast<uint8_t>(ConnectionKind::Data)) {
-      throw Error(StatusCode::ERR_INVALID_ARGS, "unknown connection kind " + std::to_string(k));
+    h = ParseHello(hello.payload.data(), hello.payload.size());
+    // Nothing is served, not even our descriptor, before the peer proved the secret.
+    std::string why = Authenticate(fd, h, hello.payload);
+    if (!why.empty()) {
+      MORI_LOG(Warning, "control plane: refused connection from " << PeerAddress(fd) << " claiming to be '"
+                                                                  << h.peer.key << "': " << why);
+      WriteFrame(fd, FrameType::Error, EncodeErrorPayload(StatusCode::ERR_BAD_STATE, why), opts_.frame_timeout_ms);
+      return;
     }
-    kind = static_cast<ConnectionKind>(k);
-    backend = rd.Get<uint8_t>("backend");
-    uint32_t n = rd.Get<uint32_t>("desc length");
-    std::vector<uint8_t> desc(n > rd.remaining() ? rd.remaining() : n);
-    rd.GetBytes(desc.data(), n, "engine desc");
-    rd.ExpectEnd();
-    peer = EngineDesc::Unpack(desc.data(), desc.size());
-    if (kind == ConnectionKind::Data) {
-      std::string why = delegate_->CanServeData(backend);
+    if (h.kind == ConnectionKind::Data) {
+      why = delegate_->CanServeData(h.backend);
       if (!why.empty()) throw Error(StatusCode::ERR_BAD_STATE, why);
     }
   } catch (const Error& e) {
@@ -154,8 +229,9 @@ void ControlPlaneServer::Serve(Conn* c) {
   }
   if (!WriteFrame(fd, FrameType::HelloAck, delegate_->SelfDesc().Pack(), opts_.frame_timeout_ms).ok) return;
 
-  if (kind == ConnectionKind::Data) {
-    delegate_->ServeData(backend, peer, c->sock);
+  const EngineDesc& peer = h.peer;
+  if (h.kind == ConnectionKind::Data) {
+    delegate_->ServeData(h.backend, peer, c->sock);
     return;
   }
   while (!stopping_.load()) {
@@ -185,7 +261,7 @@ void ControlPlaneServer::Serve(Conn* c) {
 }
 
 Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, ConnectionKind kind, uint8_t backend,
-                            int timeout_ms) {
+                            int timeout_ms, const std::string& secret) {
   const std::string where = "engine '" + remote.key + "' at " + remote.host + ":" + std::to_string(remote.port);
   Socket s;
   try {
@@ -194,11 +270,36 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
     throw Error(e.code(), where + ": " + e.what());
   }
   SetNoDelay(s.fd(), true);
-  IoResult r = WriteFrame(s.fd(), FrameType::Hello, EncodeHello(kind, backend, self), timeout_ms);
+  std::unique_ptr<auth::ClientHandshake> hs;
+  if (!secret.empty()) hs = std::make_unique<auth::ClientHandshake>(secret, remote.key);
+  const std::vector<uint8_t> hello = EncodeHello(kind, backend, self, hs ? hs->Offer() : auth::HelloAuth{});
+  IoResult r = WriteFrame(s.fd(), FrameType::Hello, hello, timeout_ms);
   Frame reply;
   if (r.ok) r = ReadFrame(s.fd(), &reply, timeout_ms, timeout_ms);
+  bool proved = false;  // the server proved the secret
+  if (r.ok && hs && reply.type == FrameType::AuthChallenge) {
+    std::string why = hs->VerifyChallenge(hello, reply.payload.data(), reply.payload.size());
+    if (!why.empty()) {
+      why = "authentication failed: " + why;
+      WriteFrame(s.fd(), FrameType::Error, EncodeErrorPayload(StatusCode::ERR_BAD_STATE, why), timeout_ms);
+      MORI_LOG(Warning, "engine '" << self.key << "': " << where << ": " << why);
+      throw Error(StatusCode::ERR_BAD_STATE, where + ": " + why);
+    }
+    proved = true;
+    r = WriteFrame(s.fd(), FrameType::AuthProof, hs->Proof(), timeout_ms);
+    if (r.ok) r = ReadFrame(s.fd(), &reply, timeout_ms, timeout_ms);
+  }
   if (!r.ok) throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
+  if (reply.type == FrameType::AuthChallenge) {
+    throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine requires authentication and this engine '" +
+                                               self.key + "' has no secret: set the same secret on both "
+                                               "(IOEngineConfig(secret=...) or MORI_TORCH_SECRET)");
+  }
+  if (hs && !proved && reply.type == FrameType::HelloAck) {
+    throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine did not authenticate (it has no secret), and "
+                                               "this engine '" + self.key + "' requires it");
+  }
   if (reply.type != FrameType::HelloAck) {
     throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: unexpected reply type " +
                                                std::to_string(static_cast<int>(reply.type)));
@@ -207,6 +308,10 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   if (server.key != remote.key) {
     throw Error(StatusCode::ERR_NOT_FOUND, where + ": the engine listening there is '" + server.key + "'");
   }
+  if (remote.incarnation != 0 && server.incarnation != remote.incarnation) {
+    throw Error(StatusCode::ERR_NOT_FOUND, where + ": " + EngineRestartedMessage(remote.key, remote.incarnation,
+                                                                                 server.incarnation));
+  }
   return s;
 }
 
@@ -214,7 +319,7 @@ Frame ControlClient::Call(FrameType type, const std::vector<uint8_t>& payload) {
   std::lock_guard<std::mutex> lk(mu_);
   const std::string where = "engine '" + remote_.key + "'";
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!sock_.valid()) sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, timeout_ms_);
+    if (!sock_.valid()) sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, timeout_ms_, secret_);
     Frame reply;
     IoResult r = WriteFrame(sock_.fd(), type, payload, timeout_ms_);
     if (r.ok) r = ReadFrame(sock_.fd(), &reply, timeout_ms_, timeout_ms_);

@@ -16,6 +16,7 @@
 #include "core/descriptors.h"
 #include "core/frame.h"
 #include "core/net.h"
+#include "core/peer_auth.h"
 
 namespace mori_torch {
 
@@ -24,6 +25,16 @@ struct ControlPlaneOptions {
   int frame_timeout_ms = 5000;
   // A new connection must send its Hello within this time.
   int hello_timeout_ms = 5000;
+  // Shared secret peers must prove (peer_auth.h); "" accepts anyone.
+  std::string secret;
+};
+
+// The Hello frame that opens every connection.
+struct Hello {
+  ConnectionKind kind = ConnectionKind::Control;
+  uint8_t backend = 0;
+  EngineDesc peer;  // the connecting engine, as it claims (bound by the proof)
+  auth::HelloAuth auth;
 };
 
 class ControlPlaneDelegate {
@@ -56,6 +67,9 @@ class ControlPlaneServer {
   };
   void AcceptLoop();
   void Serve(Conn* c);
+  // "" when the Hello's engine may be served: it proved the secret (or
+  // neither side has one); else why not.
+  std::string Authenticate(int fd, const Hello& hello, const std::vector<uint8_t>& hello_bytes);
   void ReapFinished();
 
   ControlPlaneDelegate* delegate_;
@@ -68,15 +82,17 @@ class ControlPlaneServer {
 };
 
 // Opens a connection of `kind` to a remote engine and completes the Hello
-// exchange. Checks the server's key against `remote.key`. Throws Error.
+// exchange, with the mutual proof of `secret` when it is not "". Checks the
+// server's key and incarnation against `remote` (a restarted engine is
+// ERR_NOT_FOUND "engine restarted"). Throws Error.
 Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, ConnectionKind kind, uint8_t backend,
-                            int timeout_ms);
+                            int timeout_ms, const std::string& secret = "");
 
 // Request/reply client for one remote engine's control plane; serialized.
 class ControlClient {
  public:
-  ControlClient(EngineDesc self, EngineDesc remote, int timeout_ms)
-      : self_(std::move(self)), remote_(std::move(remote)), timeout_ms_(timeout_ms) {}
+  ControlClient(EngineDesc self, EngineDesc remote, int timeout_ms, std::string secret = "")
+      : self_(std::move(self)), remote_(std::move(remote)), timeout_ms_(timeout_ms), secret_(std::move(secret)) {}
   // Sends a request and returns the reply; an Error reply becomes a thrown
   // Error carrying the remote code and message. Reconnects once on failure.
   Frame Call(FrameType type, const std::vector<uint8_t>& payload);
@@ -85,6 +101,7 @@ class ControlClient {
  private:
   EngineDesc self_, remote_;
   int timeout_ms_;
+  const std::string secret_;
   std::mutex mu_;
   Socket sock_;
 };
@@ -92,7 +109,9 @@ class ControlClient {
 std::vector<uint8_t> EncodeErrorPayload(StatusCode code, const std::string& msg);
 // The Error an Error frame carries, its message prefixed with `where`.
 Error DecodeErrorPayload(const Frame& f, const std::string& where);
-// Payload of the Hello frame that opens every connection.
-std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self);
+std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const EngineDesc& self,
+                                 const auth::HelloAuth& auth = {});
+// Throws Error (ERR_INVALID_ARGS) naming what is malformed.
+Hello ParseHello(const uint8_t* payload, size_t n);
 
 }  // namespace mori_torch

@@ -29,9 +29,13 @@ void CheckHeader(ByteReader& r, uint32_t magic, const char* what) {
   }
   uint16_t v = r.Get<uint16_t>("version");
   if (v != kDescriptorFormatVersion) {
-    throw Error(StatusCode::ERR_INVALID_ARGS, std::string(what) + ": format version " + std::to_string(v) +
-                                                  " is not supported (this build reads version " +
-                                                  std::to_string(kDescriptorFormatVersion) + ")");
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                std::string(what) + ": format version " + std::to_string(v) +
+                    " is not supported (this build reads version " + std::to_string(kDescriptorFormatVersion) +
+                    (v < kDescriptorFormatVersion
+                         ? "; older descriptors carry no engine incarnation or memory token: re-publish them from "
+                           "engines of this build)"
+                         : ")"));
   }
 }
 
@@ -46,6 +50,7 @@ std::vector<uint8_t> EngineDesc::Pack() const {
   w.PutString(host);
   w.Put<int32_t>(port);
   w.Put<int32_t>(pid);
+  w.Put<uint64_t>(incarnation);
   return std::move(w.bytes());
 }
 
@@ -59,6 +64,7 @@ EngineDesc EngineDesc::Unpack(const uint8_t* data, size_t size) {
   d.host = r.GetString("host");
   d.port = r.Get<int32_t>("port");
   d.pid = r.Get<int32_t>("pid");
+  d.incarnation = r.Get<uint64_t>("incarnation");
   r.ExpectEnd();
   if (d.port < 0 || d.port > 65535) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "EngineDesc.unpack: port " + std::to_string(d.port) + " out of range");
@@ -68,7 +74,7 @@ EngineDesc EngineDesc::Unpack(const uint8_t* data, size_t size) {
 
 bool EngineDesc::operator==(const EngineDesc& o) const {
   return key == o.key && node_id == o.node_id && hostname == o.hostname && host == o.host && port == o.port &&
-         pid == o.pid;
+         pid == o.pid && incarnation == o.incarnation;
 }
 
 std::vector<uint8_t> MemoryDesc::Pack() const {
@@ -84,6 +90,8 @@ std::vector<uint8_t> MemoryDesc::Pack() const {
   w.PutBytes(ipc_handle.data(), ipc_handle.size());
   w.Put<uint64_t>(ipc_offset);
   w.Put<int32_t>(numa_node);
+  w.Put<uint64_t>(incarnation);
+  w.PutBytes(token.data(), token.size());
   return std::move(w.bytes());
 }
 
@@ -106,6 +114,8 @@ MemoryDesc MemoryDesc::Unpack(const uint8_t* data, size_t size) {
   r.GetBytes(d.ipc_handle.data(), d.ipc_handle.size(), "ipc_handle");
   d.ipc_offset = r.Get<uint64_t>("ipc_offset");
   d.numa_node = r.Get<int32_t>("numa_node");
+  d.incarnation = r.Get<uint64_t>("incarnation");
+  r.GetBytes(d.token.data(), d.token.size(), "token");
   r.ExpectEnd();
   if (d.data + d.size < d.data) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "MemoryDesc.unpack: address range overflows (data=" +
@@ -117,7 +127,7 @@ MemoryDesc MemoryDesc::Unpack(const uint8_t* data, size_t size) {
 bool MemoryDesc::operator==(const MemoryDesc& o) const {
   return engine_key == o.engine_key && id == o.id && device_id == o.device_id && device_bus_id == o.device_bus_id &&
          data == o.data && size == o.size && loc == o.loc && ipc_handle == o.ipc_handle &&
-         ipc_offset == o.ipc_offset && numa_node == o.numa_node;
+         ipc_offset == o.ipc_offset && numa_node == o.numa_node && incarnation == o.incarnation && token == o.token;
 }
 
 std::string LocalHostname() {

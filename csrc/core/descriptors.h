@@ -12,8 +12,17 @@
 
 namespace mori_torch {
 
-constexpr uint16_t kDescriptorFormatVersion = 1;
+// 2: engine incarnation ids and memory tokens (version 1 descriptors carry
+// neither, and are refused).
+constexpr uint16_t kDescriptorFormatVersion = 2;
 constexpr size_t kIpcHandleBytes = 64;
+constexpr size_t kMemoryTokenBytes = 16;
+// The capability a MemoryDesc carries: random per registration (CSPRNG), so
+// a memory can only be reached by those it was handed to.
+using MemoryToken = std::array<uint8_t, kMemoryTokenBytes>;
+// Random per engine process: requests built from descriptors of an earlier
+// process under the same key are told "engine restarted".
+using Incarnation = uint64_t;
 
 struct EngineDesc {
   std::string key;
@@ -22,6 +31,7 @@ struct EngineDesc {
   std::string host;
   int32_t port = 0;
   int32_t pid = 0;
+  Incarnation incarnation = 0;
 
   std::vector<uint8_t> Pack() const;
   static EngineDesc Unpack(const uint8_t* data, size_t size);
@@ -40,6 +50,8 @@ struct MemoryDesc {
   std::array<uint8_t, kIpcHandleBytes> ipc_handle{};  // of the allocation base
   uint64_t ipc_offset = 0;    // offset of `data` inside that allocation
   int32_t numa_node = -1;
+  Incarnation incarnation = 0;  // of the owning engine
+  MemoryToken token{};          // checked by the owner on every access
 
   std::vector<uint8_t> Pack() const;
   static MemoryDesc Unpack(const uint8_t* data, size_t size);

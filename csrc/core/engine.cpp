@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/byte_io.h"
+#include "core/crypto.h"
 #include "core/logging.h"
 #include "core/transfer_args.h"
 #include "gpu/gpu_runtime.h"
@@ -33,6 +34,23 @@ int NumaNodeOf(uint64_t p) {
   return status;
 }
 
+// Loopback hosts; anything else (0.0.0.0 included) is reachable by others.
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+Incarnation NewIncarnation() {
+  Incarnation i = 0;
+  while (i == 0) crypto::SecureRandom(&i, sizeof i);  // 0 means "unknown" in descriptors
+  return i;
+}
+
+void PutMemoryRef(ByteWriter& w, const MemoryDesc& d) {
+  w.Put<uint64_t>(d.id);
+  w.Put<uint64_t>(d.incarnation);
+  w.PutBytes(d.token.data(), d.token.size());
+}
+
 bool PageMapped(uint64_t p) {
   const uint64_t page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   unsigned char vec = 0;
@@ -50,7 +68,12 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   desc_.hostname = LocalHostname();
   desc_.host = cfg.host.empty() ? "127.0.0.1" : cfg.host;
   desc_.pid = static_cast<int32_t>(getpid());
+  desc_.incarnation = NewIncarnation();
+  memory_.SetOwner(desc_.key, desc_.incarnation);
+  cfg_.secret = auth::ResolveSecret(cfg.secret);
+  cfg_.control.secret = cfg_.secret;
   ctx_.self = &desc_;
+  ctx_.secret = cfg_.secret;
   ctx_.memory = &memory_;
   ctx_.notices = &notices_;
   ctx_.watch_remote_memory = [this](const MemoryDesc& d) { WatchRemoteMemory(d); };
@@ -60,7 +83,13 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   }
   server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control);
   desc_.port = server_->Start(desc_.host, cfg.port);
-  MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port);
+  MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port
+                             << (cfg_.secret.empty() ? "" : " (peers must prove the shared secret)"));
+  if (cfg_.secret.empty() && !IsLoopbackHost(desc_.host)) {
+    MORI_LOG(Warning, "engine '" << key << "' listens on " << desc_.host << ":" << desc_.port
+                                 << " without a secret: anyone who can reach it can read and write the memory "
+                                    "it registers; set IOEngineConfig(secret=...) or MORI_TORCH_SECRET on every engine");
+  }
 }
 
 Engine::~Engine() { Shutdown(); }
@@ -162,6 +191,7 @@ MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, Mem
   }
   MemoryDesc d;
   d.engine_key = desc_.key;
+  d.incarnation = desc_.incarnation;
   d.data = ptr;
   d.size = static_cast<uint64_t>(size);
   d.loc = loc;
@@ -203,7 +233,7 @@ void Engine::DeregisterMemory(const MemoryDesc& desc) {
                                                   " belongs to engine '" + desc.engine_key + "', not '" +
                                                   desc_.key + "'");
   }
-  auto m = memory_.Find(desc.id);
+  auto m = memory_.Find(desc.id, desc.token);
   if (!m || m->desc.data != desc.data || m->desc.size != desc.size) {
     throw Error(StatusCode::ERR_NOT_FOUND, "deregister_memory: memory " + std::to_string(desc.id) +
                                                " is not registered with engine '" + desc_.key + "'");
@@ -221,13 +251,13 @@ std::shared_ptr<ControlClient> Engine::ClientFor(const std::string& engine_key) 
                 "remote engine '" + engine_key + "' is not registered; call register_remote_engine first");
   }
   auto& c = control_clients_[engine_key];
-  if (!c) c = std::make_shared<ControlClient>(desc_, it->second, cfg_.connect_timeout_ms);
+  if (!c) c = std::make_shared<ControlClient>(desc_, it->second, cfg_.connect_timeout_ms, cfg_.secret);
   return c;
 }
 
 void Engine::LookupRemoteMemory(const MemoryDesc& desc, FrameType type) {
   ByteWriter w;
-  w.Put<uint64_t>(desc.id);
+  PutMemoryRef(w, desc);
   Frame reply = ClientFor(desc.engine_key)->Call(type, w.bytes());
   if (reply.type != FrameType::MemLookupReply) {
     throw Error(StatusCode::ERR_BAD_STATE, "engine '" + desc.engine_key + "' answered a memory lookup with frame type " +
@@ -247,7 +277,7 @@ void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
 
 void Engine::WatchRemoteMemory(const MemoryDesc& desc) {
   if (desc.engine_key != desc_.key) return LookupRemoteMemory(desc, FrameType::MemWatch);
-  auto m = memory_.Find(desc.id);  // a transfer within this engine
+  auto m = memory_.Find(desc.id, desc.token);  // a transfer within this engine
   if (!m || m->desc.data != desc.data || m->desc.size != desc.size || !m->AddWatcher(desc_)) {
     throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(desc.id) + " is not registered with engine '" +
                                                desc_.key + "' (deregistered?)");
@@ -279,14 +309,16 @@ void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>&
     for (MemoryId id : n.ids) w.Put<uint64_t>(id);
     try {
       // A connection of its own: the watcher need not be a registered remote.
-      ControlClient client(desc_, n.to, cfg_.connect_timeout_ms);
+      ControlClient client(desc_, n.to, cfg_.connect_timeout_ms, cfg_.secret);
       client.Call(FrameType::MemRevoke, w.bytes());
       client.Close();
     } catch (const Error& e) {
       // Refused: the watcher's engine is gone, and its mappings with it (an
       // engine closes them when it shuts down). Anything else (a hung peer)
       // deserves a warning: it may still hold a mapping.
-      const bool gone = std::string(e.what()).find(std::strerror(ECONNREFUSED)) != std::string::npos;
+      const std::string what = e.what();
+      const bool gone = what.find(std::strerror(ECONNREFUSED)) != std::string::npos ||
+                        what.find("engine restarted") != std::string::npos;
       if (gone) {
         MORI_LOG(Info, "engine '" << desc_.key << "': engine '" << n.to.key << "' that mapped " << n.ids.size()
                                   << " deregistered memory region(s) is gone: " << e.what());
@@ -313,7 +345,7 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
            desc_.key + "'";
     return StatusCode::ERR_INVALID_ARGS;
   }
-  route->local = memory_.Find(local.id);
+  route->local = memory_.Find(local.id, local.token);
   if (!route->local || route->local->desc.data != local.data || route->local->desc.size != local.size) {
     *msg = "local memory " + std::to_string(local.id) + " is not registered with engine '" + desc_.key +
            "' (deregistered?)";
@@ -461,13 +493,18 @@ bool Engine::HandleControl(const EngineDesc& peer, const Frame& request, Frame* 
     case FrameType::MemWatch: {  // the same answer; a watch also records the caller
       const bool watch = request.type == FrameType::MemWatch;
       ByteReader r(request.payload.data(), request.payload.size(), watch ? "MemWatch frame" : "MemLookup frame");
-      uint64_t id = r.Get<uint64_t>("memory id");
+      const uint64_t id = r.Get<uint64_t>("memory id");
+      const Incarnation incarnation = r.Get<uint64_t>("incarnation");
+      MemoryToken token;
+      r.GetBytes(token.data(), token.size(), "token");
       r.ExpectEnd();
-      auto m = memory_.Find(id);
-      if (!m || (watch && !m->AddWatcher(peer))) {
-        throw Error(StatusCode::ERR_NOT_FOUND,
-                    "memory " + std::to_string(id) + " is not registered with engine '" + desc_.key + "'");
+      std::string msg;
+      auto m = memory_.FindForPeer(id, incarnation, token, &msg);
+      if (m && watch && !m->AddWatcher(peer)) {
+        m = nullptr;
+        msg = "memory " + std::to_string(id) + " of engine '" + desc_.key + "' is being deregistered";
       }
+      if (!m) throw Error(StatusCode::ERR_NOT_FOUND, msg);
       reply->type = FrameType::MemLookupReply;
       reply->payload = m->desc.Pack();
       return true;

@@ -24,6 +24,9 @@ struct EngineConfig {
   int port = 0;      // 0 binds a free port
   ControlPlaneOptions control;
   int connect_timeout_ms = 5000;
+  // Shared secret every peer must prove (peer_auth.h); "" takes
+  // MORI_TORCH_SECRET, and without either the engine serves anyone.
+  std::string secret;
 };
 
 class Engine : public ControlPlaneDelegate {

@@ -12,15 +12,17 @@
 namespace mori_torch {
 
 constexpr uint32_t kFrameMagic = 0x49524f4d;  // "MORI" little-endian
-constexpr uint16_t kProtocolVersion = 3;  // 2: TCP data messages padded to 64 bytes; 3: memory watch/revoke
+// 2: TCP data messages padded to 64 bytes; 3: memory watch/revoke;
+// 4: peer authentication, memory tokens and engine incarnations
+constexpr uint16_t kProtocolVersion = 4;
 constexpr uint32_t kMaxFramePayload = 1u << 20;
 constexpr size_t kFrameHeaderBytes = 12;
 
 enum class FrameType : uint16_t {
-  Hello = 1,           // u8 kind, u8 backend, bytes EngineDesc
+  Hello = 1,           // u8 kind, u8 backend, u32 n + n bytes EngineDesc, HelloAuth (peer_auth.h)
   HelloAck = 2,        // bytes EngineDesc of the server
   Error = 3,           // u32 status code, string message
-  MemLookup = 4,       // u64 memory id
+  MemLookup = 4,       // u64 memory id, u64 owner incarnation, 16-byte token
   MemLookupReply = 5,  // bytes MemoryDesc
   Ping = 6,
   Pong = 7,
@@ -32,10 +34,14 @@ enum class FrameType : uint16_t {
   // owner must be able to take it back: an importer watches a memory before
   // it maps it, and the owner revokes it from every watcher when it is
   // deregistered (acknowledged only after the importer stopped using it).
-  MemWatch = 10,      // u64 memory id -> MemLookupReply; the caller becomes a watcher
+  MemWatch = 10,      // as MemLookup -> MemLookupReply; the caller becomes a watcher
   MemRevoke = 11,     // u32 count, count x u64 memory id (sent by the owner)
   MemRevokeAck = 12,  // empty
-  kMaxKnown = 12,
+  // Peer authentication (peer_auth.h), between Hello and HelloAck when the
+  // server has a secret.
+  AuthChallenge = 13,
+  AuthProof = 14,
+  kMaxKnown = 14,
 };
 
 enum class ConnectionKind : uint8_t { Control = 1, Data = 2 };

@@ -1,5 +1,7 @@
 #include "core/memory_registry.h"
 
+#include "core/crypto.h"
+
 namespace mori_torch {
 
 bool LocalMemory::Acquire() {
@@ -46,6 +48,7 @@ std::vector<EngineDesc> LocalMemory::Watchers() {
 }
 
 std::shared_ptr<LocalMemory> MemoryRegistry::Add(MemoryDesc desc) {
+  crypto::SecureRandom(desc.token.data(), desc.token.size());
   std::unique_lock<std::shared_mutex> lk(mu_);
   desc.id = next_id_++;
   auto m = std::make_shared<LocalMemory>(std::move(desc));
@@ -57,6 +60,29 @@ std::shared_ptr<LocalMemory> MemoryRegistry::Find(MemoryId id) const {
   std::shared_lock<std::shared_mutex> lk(mu_);
   auto it = map_.find(id);
   return it == map_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<LocalMemory> MemoryRegistry::Find(MemoryId id, const MemoryToken& token) const {
+  auto m = Find(id);
+  if (!m || !crypto::ConstantTimeEqual(m->desc.token.data(), token.data(), token.size())) return nullptr;
+  return m;
+}
+
+std::shared_ptr<LocalMemory> MemoryRegistry::FindForPeer(MemoryId id, Incarnation incarnation,
+                                                         const MemoryToken& token, std::string* msg) const {
+  if (incarnation != owner_incarnation_) {
+    *msg = EngineRestartedMessage(owner_key_, incarnation, owner_incarnation_);
+    return nullptr;
+  }
+  auto m = Find(id, token);
+  // The same answer for an unknown id and a wrong token: nothing to probe.
+  if (!m) *msg = "memory " + std::to_string(id) + " is not registered with engine '" + owner_key_ + "' (deregistered?)";
+  return m;
+}
+
+std::string EngineRestartedMessage(const std::string& key, Incarnation wanted, Incarnation current) {
+  return "engine restarted: the request is for incarnation " + std::to_string(wanted) + " of engine '" + key +
+         "', which is now incarnation " + std::to_string(current) + " (fetch its new descriptors)";
 }
 
 bool MemoryRegistry::Remove(MemoryId id) {

@@ -84,9 +84,24 @@ class MemoryRegistry {
   // After it returns, the hook is not running and will not run again.
   void RemoveRemovalHook(uint64_t token);
 
-  // Assigns the next id (ids count from 0 per engine) and stores the entry.
+  // Assigns the next id (ids count from 0 per engine) and a fresh random
+  // token, and stores the entry.
   std::shared_ptr<LocalMemory> Add(MemoryDesc desc);
+  // For this engine's own calls (it holds the descriptor it returned).
   std::shared_ptr<LocalMemory> Find(MemoryId id) const;
+  // nullptr unless `token` is the registration's (compared in constant
+  // time), so ids alone reveal nothing.
+  std::shared_ptr<LocalMemory> Find(MemoryId id, const MemoryToken& token) const;
+  // What serves a peer's request for memory `id` of owner incarnation
+  // `incarnation` with `token`: the registration, or nullptr and *msg (an
+  // ERR_NOT_FOUND message: "engine restarted", or not registered).
+  std::shared_ptr<LocalMemory> FindForPeer(MemoryId id, Incarnation incarnation, const MemoryToken& token,
+                                           std::string* msg) const;
+  // The engine whose memories these are (named in FindForPeer's messages).
+  void SetOwner(const std::string& key, Incarnation incarnation) {
+    owner_key_ = key;
+    owner_incarnation_ = incarnation;
+  }
   // Removes and retires; returns false if the id is unknown.
   bool Remove(MemoryId id);
   // Retires everything (engine shutdown) and returns the retired entries.
@@ -96,12 +111,17 @@ class MemoryRegistry {
   void RunRemovalHooks(const MemoryDesc& d);
 
   mutable std::shared_mutex mu_;
+  std::string owner_key_;
+  Incarnation owner_incarnation_ = 0;
   MemoryId next_id_ = 0;
   std::shared_mutex hooks_mu_;
   uint64_t next_hook_ = 0;
   std::map<uint64_t, RemovalHook> hooks_;
   std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> map_;
 };
+
+// The message of a request aimed at an earlier process of engine `key`.
+std::string EngineRestartedMessage(const std::string& key, Incarnation wanted, Incarnation current);
 
 // "" when [offset, offset+size) lies inside the registration, else a message
 // naming the side, values and the registration's size.

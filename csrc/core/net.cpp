@@ -108,6 +108,16 @@ void Socket::Shutdown() const {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
+void Socket::Abort() const {
+  if (fd_ < 0) return;
+  // connect() to AF_UNSPEC disconnects a TCP socket: tcp_disconnect sends a
+  // RST from an established connection and drops both queues.
+  sockaddr unspec{};
+  unspec.sa_family = AF_UNSPEC;
+  ::connect(fd_, &unspec, sizeof(unspec));
+  ::shutdown(fd_, SHUT_RDWR);  // wakes threads polling the socket
+}
+
 Socket Listen(const std::string& host, int port, int* bound_port) {
   if (port < 0 || port > 65535) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "port " + std::to_string(port) + " out of range 0..65535");
@@ -199,6 +209,23 @@ IoResult WriteFull(int fd, const void* buf, size_t n, Deadline deadline) {
 IoResult ReadVFull(int fd, std::vector<iovec>& iov, Deadline deadline) {
   return VecLoop(fd, iov, deadline, POLLIN,
                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, "recvmsg");
+}
+
+bool PeerAbandoned(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, Deadline deadline) {
+  return VecLoop(fd, iov, deadline, POLLIN,
+                 [](int f, msghdr* m) -> ssize_t {
+                   if (PeerAbandoned(f)) {
+                     errno = ECONNABORTED;
+                     return -1;
+                   }
+                   return ::recvmsg(f, m, MSG_DONTWAIT);
+                 },
+                 "fenced receive (the peer abandoned the connection; nothing more is written)");
 }
 
 IoResult WriteVFull(int fd, std::vector<iovec>& iov, Deadline deadline) {

@@ -46,6 +46,9 @@ class Socket {
   void Close();
   // Wakes any thread blocked on this socket; the fd stays open.
   void Shutdown() const;
+  // Resets the connection (RST: unsent data is dropped and the peer's kernel
+  // marks it aborted at once), then wakes this side's waiters like Shutdown.
+  void Abort() const;
 
  private:
   int fd_ = -1;
@@ -79,6 +82,12 @@ IoResult WriteFull(int fd, const void* buf, size_t n, Deadline deadline);
 // Reads / writes the whole iovec list, IOV_MAX entries per system call.
 // The vector is consumed (entries are advanced in place).
 IoResult ReadVFull(int fd, std::vector<iovec>& iov, Deadline deadline);
+// True once the peer has closed or reset the connection (its kernel said so;
+// unread data may still be queued).
+bool PeerAbandoned(int fd);
+// ReadVFull into memory the peer may only write while it waits for the
+// answer: fails, receiving nothing more, as soon as PeerAbandoned.
+IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, Deadline deadline);
 IoResult WriteVFull(int fd, std::vector<iovec>& iov, Deadline deadline);
 // Reads and throws away n bytes (keeps a stream in sync after a rejected request).
 IoResult Discard(int fd, uint64_t n, Deadline deadline);

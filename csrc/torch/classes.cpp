@@ -108,10 +108,11 @@ std::vector<std::vector<int64_t>> ToVecs(const c10::List<c10::List<int64_t>>& l)
 
 struct EngineObj : torch::CustomClassHolder {
   std::shared_ptr<Engine> e;
-  EngineObj(const std::string& key, const std::string& host, int64_t port) {
+  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret) {
     Guard([&] {
       EngineConfig cfg;
       cfg.host = host;
+      cfg.secret = secret;
       cfg.port = static_cast<int>(port);
       if (port < 0 || port > 65535) {
         throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngineConfig: port " + std::to_string(port) + " out of range");
@@ -174,6 +175,7 @@ TORCH_LIBRARY(mori, m) {
       .def("host", [](const EngineDescRef& self) { return self->d.host; })
       .def("port", [](const EngineDescRef& self) { return static_cast<int64_t>(self->d.port); })
       .def("pid", [](const EngineDescRef& self) { return static_cast<int64_t>(self->d.pid); })
+      .def("incarnation", [](const EngineDescRef& self) { return static_cast<int64_t>(self->d.incarnation); })
       .def("pack", [](const EngineDescRef& self) { return BytesToTensor(self->d.Pack()); })
       .def("equals", [](const EngineDescRef& self, const EngineDescRef& o) { return self->d == o->d; })
       .def_static("unpack", [](const at::Tensor& t) {
@@ -241,7 +243,8 @@ TORCH_LIBRARY(mori, m) {
       .def("backend_type", [](const SessionRef& self) { return static_cast<int64_t>(self->s->backend_type()); });
 
   m.class_<EngineObj>("Engine")
-      .def(torch::init<std::string, std::string, int64_t>())
+      .def(torch::init<std::string, std::string, int64_t, std::string>(), "",
+           {torch::arg("key"), torch::arg("host"), torch::arg("port"), torch::arg("secret") = std::string()})
       .def("get_engine_desc", [](const EngineRef& self) { return c10::make_intrusive<EngineDescObj>(self->e->Desc()); })
       .def("create_backend",
            [](const EngineRef& self, int64_t type, const c10::Dict<std::string, int64_t>& config) {

@@ -97,9 +97,18 @@ std::vector<uint8_t> RawHeader(uint32_t magic, uint16_t version, uint16_t type, 
   return std::move(w.bytes());
 }
 
-std::vector<uint8_t> U64(uint64_t v) {
+// `d` with another id (its token and incarnation kept).
+MemoryDesc WithId(MemoryDesc d, uint64_t id) {
+  d.id = id;
+  return d;
+}
+
+// The MemLookup / MemWatch payload naming `d`: id, incarnation, token.
+std::vector<uint8_t> Ref(const MemoryDesc& d) {
   ByteWriter w;
-  w.Put<uint64_t>(v);
+  w.Put<uint64_t>(d.id);
+  w.Put<uint64_t>(d.incarnation);
+  w.PutBytes(d.token.data(), d.token.size());
   return std::move(w.bytes());
 }
 
@@ -248,7 +257,7 @@ TEST_F(ControlPlaneTest, UnknownFrameTypeClosesTheConnection) {
 
 TEST_F(ControlPlaneTest, StalledFrameAfterHelloIsClosedAfterTheFrameTimeout) {
   int fd = Handshake();
-  auto req = EncodeFrame(FrameType::MemLookup, U64(0));
+  auto req = EncodeFrame(FrameType::MemLookup, Ref(WithId(memd_, 0)));
   req.resize(kFrameHeaderBytes + 3);  // header and part of the payload, then silence
   ASSERT_TRUE(SendAll(fd, req));
   const auto t0 = std::chrono::steady_clock::now();
@@ -300,7 +309,7 @@ TEST_F(ControlPlaneTest, BadHellosGetAnErrorFrameAndAClose) {
   }
   {
     auto p = HelloPayload(ConnectionKind::Control, 0, self_);
-    p.push_back(0);  // trailing byte after the descriptor
+    p.push_back(0);  // trailing byte after the authentication field
     cases.push_back({EncodeFrame(FrameType::Hello, p), "trailing"});
   }
   cases.push_back({EncodeFrame(FrameType::Hello, {1, 0, 0, 0, 0, 0}), "truncated"});  // empty descriptor
@@ -326,7 +335,7 @@ TEST_F(ControlPlaneTest, BadHellosGetAnErrorFrameAndAClose) {
 TEST_F(ControlPlaneTest, MemLookupAnswersWithErrorOrDescriptor) {
   int fd = Handshake();
   // Unknown id: an Error frame, and the connection stays usable.
-  ASSERT_TRUE(SendAll(fd, EncodeFrame(FrameType::MemLookup, U64(12345))));
+  ASSERT_TRUE(SendAll(fd, EncodeFrame(FrameType::MemLookup, Ref(WithId(memd_, 12345)))));
   Frame reply;
   IoResult r = ReadFrame(fd, &reply, 2000, 2000);
   ASSERT_TRUE(r.ok) << r.error;
@@ -341,14 +350,14 @@ TEST_F(ControlPlaneTest, MemLookupAnswersWithErrorOrDescriptor) {
   ASSERT_TRUE(r.ok) << r.error;
   ASSERT_EQ(reply.type, FrameType::Error);
   EXPECT_EQ(DecodeError(reply).code, StatusCode::ERR_INVALID_ARGS);
-  ASSERT_TRUE(SendAll(fd, EncodeFrame(FrameType::MemLookup, std::vector<uint8_t>(9, 0))));
+  ASSERT_TRUE(SendAll(fd, EncodeFrame(FrameType::MemLookup, std::vector<uint8_t>(33, 0))));
   r = ReadFrame(fd, &reply, 2000, 2000);
   ASSERT_TRUE(r.ok) << r.error;
   ASSERT_EQ(reply.type, FrameType::Error);
   EXPECT_TRUE(Contains(DecodeError(reply).message, "trailing"));
 
   // Known id: the registered descriptor, byte for byte.
-  ASSERT_TRUE(SendAll(fd, EncodeFrame(FrameType::MemLookup, U64(memd_.id))));
+  ASSERT_TRUE(SendAll(fd, EncodeFrame(FrameType::MemLookup, Ref(memd_))));
   r = ReadFrame(fd, &reply, 2000, 2000);
   ASSERT_TRUE(r.ok) << r.error;
   ASSERT_EQ(reply.type, FrameType::MemLookupReply);
@@ -399,14 +408,14 @@ TEST_F(ControlPlaneTest, MemWatchAndMemRevokeRequestsAreChecked) {
     IoResult r = ReadFrame(fd, &reply, 2000, 2000);
     ASSERT_TRUE(r.ok) << r.error;
   };
-  ask(FrameType::MemWatch, U64(4242));
+  ask(FrameType::MemWatch, Ref(WithId(memd_, 4242)));
   ASSERT_EQ(reply.type, FrameType::Error);
   EXPECT_EQ(DecodeError(reply).code, StatusCode::ERR_NOT_FOUND);
   EXPECT_TRUE(Contains(DecodeError(reply).message, "memory 4242")) << DecodeError(reply).message;
   ask(FrameType::MemWatch, {1, 2});
   ASSERT_EQ(reply.type, FrameType::Error);
   EXPECT_EQ(DecodeError(reply).code, StatusCode::ERR_INVALID_ARGS);
-  ask(FrameType::MemWatch, U64(memd_.id));
+  ask(FrameType::MemWatch, Ref(memd_));
   ASSERT_EQ(reply.type, FrameType::MemLookupReply);
   EXPECT_EQ(MemoryDesc::Unpack(reply.payload.data(), reply.payload.size()), memd_);
   // A revoke whose count disagrees with its length, or is cut short.
@@ -436,7 +445,7 @@ TEST_F(ControlPlaneTest, DeregisterMemoryReturnsOnlyAfterEveryWatcherAcknowledge
   EngineDesc watcher_desc = self_;
   RawWatcher watcher(&watcher_desc);
   ControlClient client(watcher_desc, server_->Desc(), 2000);
-  Frame f = client.Call(FrameType::MemWatch, U64(memd_.id));
+  Frame f = client.Call(FrameType::MemWatch, Ref(memd_));
   ASSERT_EQ(f.type, FrameType::MemLookupReply);
 
   std::atomic<bool> returned{false};
@@ -457,7 +466,7 @@ TEST_F(ControlPlaneTest, DeregisterMemoryReturnsOnlyAfterEveryWatcherAcknowledge
   dereg.join();
   EXPECT_TRUE(returned.load());
   // Gone for good: a late watch is refused.
-  auto e = CatchError([&] { client.Call(FrameType::MemWatch, U64(memd_.id)); });
+  auto e = CatchError([&] { client.Call(FrameType::MemWatch, Ref(memd_)); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->code(), StatusCode::ERR_NOT_FOUND);
 }
@@ -475,7 +484,7 @@ TEST_F(ControlPlaneTest, AWatcherThatNeverAnswersDelaysDeregistrationOnlyByTheTi
   gone.port = 1;  // nothing listens there
   for (const EngineDesc& w : {hung, gone}) {
     ControlClient c(w, owner.Desc(), 2000);
-    ASSERT_EQ(c.Call(FrameType::MemWatch, U64(d.id)).type, FrameType::MemLookupReply);
+    ASSERT_EQ(c.Call(FrameType::MemWatch, Ref(d)).type, FrameType::MemLookupReply);
   }
   const auto t0 = std::chrono::steady_clock::now();
   owner.DeregisterMemory(d);
@@ -488,11 +497,11 @@ TEST_F(ControlPlaneTest, AWatcherThatNeverAnswersDelaysDeregistrationOnlyByTheTi
 
 TEST_F(ControlPlaneTest, ControlClientAndOpenEngineConnection) {
   ControlClient client(self_, server_->Desc(), 2000);
-  auto e = CatchError([&] { client.Call(FrameType::MemLookup, U64(777)); });
+  auto e = CatchError([&] { client.Call(FrameType::MemLookup, Ref(WithId(memd_, 777))); });
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->code(), StatusCode::ERR_NOT_FOUND);
   EXPECT_TRUE(Contains(e->what(), "memory 777")) << e->what();
-  Frame f = client.Call(FrameType::MemLookup, U64(memd_.id));
+  Frame f = client.Call(FrameType::MemLookup, Ref(memd_));
   ASSERT_EQ(f.type, FrameType::MemLookupReply);
   EXPECT_EQ(MemoryDesc::Unpack(f.payload.data(), f.payload.size()), memd_);
   EXPECT_EQ(client.Call(FrameType::Ping, {}).type, FrameType::Pong);
@@ -541,7 +550,7 @@ TEST_F(ControlPlaneTest, FuzzedFramesOverTheWire) {
   // affected and the server closes it promptly.
   std::mt19937_64 rng(123);
   const std::vector<std::vector<uint8_t>> seeds = {
-      EncodeFrame(FrameType::MemLookup, U64(memd_.id)), EncodeFrame(FrameType::MemLookup, U64(5)),
+      EncodeFrame(FrameType::MemLookup, Ref(memd_)), EncodeFrame(FrameType::MemLookup, Ref(WithId(memd_, 5))),
       EncodeFrame(FrameType::Ping, {}), EncodeFrame(FrameType::Hello, HelloPayload(ConnectionKind::Control, 0, self_)),
       EncodeFrame(FrameType::Error, EncodeErrorPayload(StatusCode::ERR_BAD_STATE, "x"))};
   for (int iter = 0; iter < 300; ++iter) {
@@ -580,14 +589,16 @@ struct WriteRequest {
   }
 };
 
-WriteRequest MakeWrite(uint64_t req_id, uint64_t mem_id, std::vector<tcp::WireSegment> segs, uint8_t fill) {
+WriteRequest MakeWrite(uint64_t req_id, const MemoryDesc& mem, std::vector<tcp::WireSegment> segs, uint8_t fill) {
   WriteRequest w;
   w.h.magic = tcp::kRequestMagic;
   w.h.op = static_cast<uint8_t>(tcp::Op::Write);
   w.h.flags = tcp::kFlagNotify;
   w.h.req_id = req_id;
   w.h.uid = req_id;
-  w.h.mem_id = mem_id;
+  w.h.mem_id = mem.id;
+  w.h.incarnation = mem.incarnation;
+  std::memcpy(w.h.token, mem.token.data(), sizeof w.h.token);
   w.h.num_segs = static_cast<uint32_t>(segs.size());
   w.h.parts_total = 1;
   uint64_t total = 0;
@@ -619,7 +630,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   };
   uint64_t id = 1;
   for (const auto& segs : bad) {
-    auto w = MakeWrite(id, memd_.id, segs, 0xee);
+    auto w = MakeWrite(id, memd_, segs, 0xee);
     ASSERT_TRUE(SendAll(fd, w.Bytes()));
     tcp::ResponseHeader rh{};
     std::string msg;
@@ -634,7 +645,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   }
   // Unknown memory id.
   {
-    auto w = MakeWrite(id, 999, {{0, 8}}, 0xee);
+    auto w = MakeWrite(id, WithId(memd_, 999), {{0, 8}}, 0xee);
     ASSERT_TRUE(SendAll(fd, w.Bytes()));
     tcp::ResponseHeader rh{};
     std::string msg;
@@ -644,7 +655,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   }
   // A read beyond the end returns an error and no payload.
   {
-    auto w = MakeWrite(id, memd_.id, {{mem_.size() - 1, 2}}, 0);
+    auto w = MakeWrite(id, memd_, {{mem_.size() - 1, 2}}, 0);
     w.h.op = static_cast<uint8_t>(tcp::Op::Read);
     w.payload.clear();
     ASSERT_TRUE(SendAll(fd, w.Bytes()));
@@ -657,7 +668,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   }
   // A good write on the same connection lands exactly where asked.
   {
-    auto w = MakeWrite(id, memd_.id, {{100, 8}, {200, 4}}, 0xab);
+    auto w = MakeWrite(id, memd_, {{100, 8}, {200, 4}}, 0xab);
     ASSERT_TRUE(SendAll(fd, w.Bytes()));
     tcp::ResponseHeader rh{};
     std::string msg;
@@ -672,7 +683,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   }
   // Segment sizes that do not add up to total_bytes: closed.
   {
-    auto w = MakeWrite(id, memd_.id, {{0, 8}}, 0);
+    auto w = MakeWrite(id, memd_, {{0, 8}}, 0);
     w.h.total_bytes = 4;
     w.payload.resize(4);
     ASSERT_TRUE(SendAll(fd, w.Bytes()));
@@ -681,7 +692,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   // Bad magic, bad op, absurd segment count: each closes its connection.
   for (int k = 0; k < 3; ++k) {
     const int dfd = Handshake(ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP));
-    auto w = MakeWrite(1, memd_.id, {{0, 8}}, 0);
+    auto w = MakeWrite(1, memd_, {{0, 8}}, 0);
     if (k == 0) w.h.magic = 0x12345678;
     if (k == 1) w.h.op = 9;
     if (k == 2) w.h.num_segs = 0xffffffffu;
@@ -720,7 +731,7 @@ TEST_F(ControlPlaneTest, FuzzedDataRequestsNeverTouchMemoryOutsideTheRegistratio
         sg.offset = pick_offset();
         sg.size = rng() % 3 == 0 ? rng() : rng() % 64;
       }
-      auto w = MakeWrite(iter * 8 + k, rng() % 4 == 0 ? rng() % 4 : mid.id, {}, 0);
+      auto w = MakeWrite(iter * 8 + k, rng() % 4 == 0 ? WithId(mid, rng() % 4) : mid, {}, 0);
       w.segs = segs;
       w.h.num_segs = static_cast<uint32_t>(segs.size());
       uint64_t total = 0;

@@ -24,6 +24,7 @@ EngineDesc SampleEngine() {
   d.host = "10.1.2.3";
   d.port = 65535;
   d.pid = -42;
+  d.incarnation = 0x8877665544332211ull;
   return d;
 }
 
@@ -39,12 +40,15 @@ MemoryDesc SampleMemory() {
   for (size_t i = 0; i < d.ipc_handle.size(); ++i) d.ipc_handle[i] = static_cast<uint8_t>(0xA0 ^ (i * 7));
   d.ipc_offset = (1ULL << 40) + 123;
   d.numa_node = 3;
+  d.incarnation = 0xfedcba9876543210ull;
+  for (size_t i = 0; i < d.token.size(); ++i) d.token[i] = static_cast<uint8_t>(0xa0 + i);
   return d;
 }
 
 // Offsets inside a packed MemoryDesc, computed from the documented layout:
 // u32 magic, u16 version, string engine_key, u64 id, i32 device_id, string
-// bus id, u64 data, u64 size, i32 loc, 64 B ipc handle, u64 ipc_offset, i32 numa.
+// bus id, u64 data, u64 size, i32 loc, 64 B ipc handle, u64 ipc_offset, i32 numa,
+// u64 incarnation, 16 B token.
 size_t MemoryLocOffset(const MemoryDesc& d) {
   return 6 + 4 + d.engine_key.size() + 8 + 4 + 4 + d.device_bus_id.size() + 8 + 8;
 }
@@ -193,10 +197,13 @@ TEST(DescriptorTest, TruncationMessageNamesTheField) {
   const auto eb = SampleEngine().Pack();
   ExpectRejected<EngineDesc>(eb, 2, "'magic'", "engine magic");
   ExpectRejected<EngineDesc>(eb, 5, "'version'", "engine version");
-  ExpectRejected<EngineDesc>(eb, eb.size() - 1, "'pid'", "engine pid");
+  ExpectRejected<EngineDesc>(eb, eb.size() - 8 - 1, "'pid'", "engine pid");
+  ExpectRejected<EngineDesc>(eb, eb.size() - 1, "'incarnation'", "engine incarnation");
   const auto mb = SampleMemory().Pack();
-  ExpectRejected<MemoryDesc>(mb, mb.size() - 1, "'numa_node'", "memory numa");
-  ExpectRejected<MemoryDesc>(mb, mb.size() - 4 - 8 - 1, "'ipc_handle'", "memory ipc handle");
+  ExpectRejected<MemoryDesc>(mb, mb.size() - 1, "'token'", "memory token");
+  ExpectRejected<MemoryDesc>(mb, mb.size() - 16 - 1, "'incarnation'", "memory incarnation");
+  ExpectRejected<MemoryDesc>(mb, mb.size() - 16 - 8 - 1, "'numa_node'", "memory numa");
+  ExpectRejected<MemoryDesc>(mb, mb.size() - 16 - 8 - 4 - 8 - 1, "'ipc_handle'", "memory ipc handle");
 }
 
 TEST(DescriptorTest, RejectsTrailingBytes) {
@@ -228,7 +235,7 @@ TEST(DescriptorTest, RejectsWrongMagic) {
 }
 
 TEST(DescriptorTest, RejectsWrongVersion) {
-  for (uint16_t v : {uint16_t{0}, uint16_t{2}, uint16_t{0x0100}, uint16_t{0xffff}}) {
+  for (uint16_t v : {uint16_t{0}, uint16_t{1}, uint16_t{3}, uint16_t{0x0100}, uint16_t{0xffff}}) {
     const std::string ctx = "version " + std::to_string(v);
     auto eb = SampleEngine().Pack();
     eb[4] = static_cast<uint8_t>(v);
@@ -240,7 +247,7 @@ TEST(DescriptorTest, RejectsWrongVersion) {
     mb[5] = static_cast<uint8_t>(v >> 8);
     ExpectRejected<MemoryDesc>(mb, mb.size(), "format version " + std::to_string(v), ctx);
   }
-  // The current version is 1, little-endian, right after the magic.
+  // The current version (2: incarnations and tokens), little-endian, right after the magic.
   const auto eb = SampleEngine().Pack();
   EXPECT_EQ(eb[4], kDescriptorFormatVersion & 0xff);
   EXPECT_EQ(eb[5], kDescriptorFormatVersion >> 8);
@@ -294,9 +301,9 @@ TEST(DescriptorTest, RejectsOutOfRangeLoc) {
 TEST(DescriptorTest, RejectsOutOfRangePortAndOverflowingRange) {
   EngineDesc ed = SampleEngine();
   auto eb = ed.Pack();
-  PutU32(eb, eb.size() - 8, 70000);
+  PutU32(eb, eb.size() - 16, 70000);
   ExpectRejected<EngineDesc>(eb, eb.size(), "port 70000", "port");
-  PutU32(eb, eb.size() - 8, static_cast<uint32_t>(-1));
+  PutU32(eb, eb.size() - 16, static_cast<uint32_t>(-1));
   ExpectRejected<EngineDesc>(eb, eb.size(), "port -1", "port");
 
   MemoryDesc md = SampleMemory();

@@ -34,7 +34,7 @@ bool HeaderValid(const std::vector<uint8_t>& b) {
            static_cast<uint32_t>(b[at + 2]) << 16 | static_cast<uint32_t>(b[at + 3]) << 24;
   };
   auto u16 = [&](size_t at) { return static_cast<uint16_t>(b[at] | b[at + 1] << 8); };
-  return u32(0) == 0x49524f4d && u16(4) == kProtocolVersion && u16(6) >= 1 && u16(6) <= 12 && u32(8) <= (1u << 20);
+  return u32(0) == 0x49524f4d && u16(4) == kProtocolVersion && u16(6) >= 1 && u16(6) <= 14 && u32(8) <= (1u << 20);
 }
 
 TEST(FrameHeaderTest, AcceptsEveryKnownType) {
@@ -72,7 +72,7 @@ TEST(FrameHeaderTest, RejectsBadFields) {
       {Header(kFrameMagic, 1, 1, 0), "unsupported protocol version 1"},  // release 1 (unpadded TCP wire)
       {Header(kFrameMagic, 0xffff, 1, 0), "unsupported protocol version 65535"},
       {Header(kFrameMagic, kProtocolVersion, 0, 0), "unknown frame type 0"},
-      {Header(kFrameMagic, kProtocolVersion, 13, 0), "unknown frame type 13"},
+      {Header(kFrameMagic, kProtocolVersion, 15, 0), "unknown frame type 15"},
       {Header(kFrameMagic, kProtocolVersion, 0xffff, 0), "unknown frame type 65535"},
       {Header(kFrameMagic, kProtocolVersion, 1, kMaxFramePayload + 1), "exceeds the limit"},
       {Header(kFrameMagic, kProtocolVersion, 4, 0x80000000u), "2147483648 bytes exceeds"},

@@ -73,14 +73,24 @@ def pair(request):
 # Target engine in another process, driven over a pipe.
 
 
-def _target_main(conn, key, nbytes, tcp_kwargs):
+def _target_main(conn, key, nbytes, tcp_kwargs, opts):
+    # opts: "log" (file for this process's stderr), "env" (set before the
+    # engine exists), "port", "secret", "shm" (a file to map as the buffer,
+    # so the test process sees its bytes even while this one is stopped).
+    if opts.get("log"):
+        fd = os.open(opts["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+    os.environ.update(opts.get("env", {}))
     import torch  # noqa: F811
 
     from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, TcpBackendConfig
 
-    eng = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+    eng = IOEngine(key, IOEngineConfig("127.0.0.1", opts.get("port", 0), secret=opts.get("secret")))
     eng.create_backend(BackendType.TCP, TcpBackendConfig(**tcp_kwargs))
-    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    if opts.get("shm"):
+        buf = torch.from_file(opts["shm"], shared=True, size=nbytes, dtype=torch.uint8)
+    else:
+        buf = torch.zeros(nbytes, dtype=torch.uint8)
     md = eng.register_torch_tensor(buf)
     conn.send((eng.get_engine_desc().pack(), md.pack(), os.getpid()))
     while True:
@@ -106,11 +116,12 @@ def _target_main(conn, key, nbytes, tcp_kwargs):
 class RemoteTarget:
     """A target engine in a separate process (spawned, so no forked threads)."""
 
-    def __init__(self, nbytes=1 << 20, **tcp_kwargs):
+    def __init__(self, nbytes=1 << 20, key=None, opts=None, **tcp_kwargs):
         ctx = mp.get_context("spawn")
-        self.key = unique_key("remote")
+        self.key = key or unique_key("remote")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_target_main, args=(child, self.key, nbytes, tcp_kwargs), daemon=True)
+        self.proc = ctx.Process(target=_target_main, args=(child, self.key, nbytes, tcp_kwargs, opts or {}),
+                                daemon=True)
         self.proc.start()
         if not self.conn.poll(60):
             raise RuntimeError("remote target did not start")

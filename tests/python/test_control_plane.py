@@ -12,7 +12,7 @@ MAGIC = 0x49524F4D
 HELLO, MEM_LOOKUP = 1, 4
 
 
-def frame(ftype, payload=b"", magic=MAGIC, version=3, length=None):
+def frame(ftype, payload=b"", magic=MAGIC, version=4, length=None):
     return struct.pack("<IHHI", magic, version, ftype, len(payload) if length is None else length) + payload
 
 
@@ -43,7 +43,7 @@ def connect(p):
 
 def hello_payload(p, kind=1, backend=0):
     desc = p.init.get_engine_desc().pack()
-    return struct.pack("<BBI", kind, backend, len(desc)) + desc
+    return struct.pack("<BBI", kind, backend, len(desc)) + desc + b"\x00"  # no authentication
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,8 @@ def test_bad_frame_after_valid_hello(p):
     assert struct.unpack("<IHHI", hdr)[2] == 2  # HelloAck
     s.recv(struct.unpack("<IHHI", hdr)[3], socket.MSG_WAITALL)
     # An unknown id gets an Error frame, the connection stays.
-    s.sendall(frame(MEM_LOOKUP, struct.pack("<Q", 12345)))
+    incarnation = p.target.get_engine_desc().incarnation
+    s.sendall(frame(MEM_LOOKUP, struct.pack("<QQ16s", 12345, incarnation, b"")))
     hdr = s.recv(12, socket.MSG_WAITALL)
     _, _, ftype, length = struct.unpack("<IHHI", hdr)
     body = s.recv(length, socket.MSG_WAITALL)
@@ -127,7 +128,7 @@ def test_data_protocol_garbage_closes_connection(p):
     s.sendall(frame(HELLO, hello_payload(p, kind=2, backend=3)))
     hdr = s.recv(12, socket.MSG_WAITALL)
     s.recv(struct.unpack("<IHHI", hdr)[3], socket.MSG_WAITALL)
-    s.sendall(b"\x01" * 48)
+    s.sendall(b"\x01" * 80)  # a request header's worth
     assert closed_by_server(s)
     s.close()
     wait_ok(p.init.write(p.local_desc, 0, p.remote_desc, 0, 4096, p.init.allocate_transfer_uid()))

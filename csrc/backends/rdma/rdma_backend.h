@@ -63,6 +63,7 @@ class RdmaPeer : public BackendPeer {
     uint64_t addr = 0;
     uint64_t size = 0;
     std::vector<uint32_t> rkeys;  // by the target's rail
+    MemoryToken token{};          // the one the keys were handed out for
   };
   // One connection: socket, QPs, remote keys, liveness watcher.
   struct Conn {

@@ -9,6 +9,7 @@
 #include "backends/rdma/rdma_backend.h"
 #include "backends/rdma/rdma_protocol.h"
 #include "core/byte_io.h"
+#include "core/crypto.h"
 #include "core/control_plane.h"
 #include "core/logging.h"
 
@@ -100,7 +101,8 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
   c->shared = shared_;
   const std::string where = "RDMA connection to engine '" + remote_.key + "'";
   c->sock = OpenEngineConnection(*shared_->ctx.self, remote_, ConnectionKind::Data,
-                                 static_cast<uint8_t>(BackendType::RDMA), static_cast<int>(cfg.connect_timeout_ms));
+                                 static_cast<uint8_t>(BackendType::RDMA), static_cast<int>(cfg.connect_timeout_ms),
+                                 shared_->ctx.secret);
   const size_t rails = std::min<size_t>(shared_->rails.size(), static_cast<size_t>(cfg.num_nics_per_transfer));
   const size_t nqp = static_cast<size_t>(cfg.qp_per_transfer) * rails;
   // One depth for every QP: the smallest limit of the rails in use.
@@ -161,11 +163,18 @@ RdmaPeer::RemoteKeys RdmaPeer::KeysOf(Conn& c, const MemoryDesc& remote) {
   {
     std::lock_guard<std::mutex> lk(c.keys_mu);
     auto it = c.keys.find(remote.id);
-    if (it != c.keys.end()) return it->second;
+    // Keys only for the token they were handed out for; another (forged)
+    // descriptor of the same id asks the target, which refuses it.
+    if (it != c.keys.end() && crypto::ConstantTimeEqual(it->second.token.data(), remote.token.data(),
+                                                        remote.token.size())) {
+      return it->second;
+    }
   }
   ByteWriter w;
   w.Put<uint8_t>(static_cast<uint8_t>(RdmaOp::MemKey));
   w.Put<uint64_t>(remote.id);
+  w.Put<uint64_t>(remote.incarnation);
+  w.PutBytes(remote.token.data(), remote.token.size());
   std::vector<uint8_t> reply;
   {
     std::lock_guard<std::mutex> lk(c.sock_mu);
@@ -180,6 +189,7 @@ RdmaPeer::RemoteKeys RdmaPeer::KeysOf(Conn& c, const MemoryDesc& remote) {
   if (n > 256) throw Error(StatusCode::ERR_BAD_STATE, "RDMA MemKey reply: " + std::to_string(n) + " rails");
   for (uint32_t i = 0; i < n; ++i) k.rkeys.push_back(r.Get<uint32_t>("rkey"));
   r.ExpectEnd();
+  k.token = remote.token;
   for (uint8_t rail : c.remote_rail) {
     if (rail >= k.rkeys.size()) throw Error(StatusCode::ERR_BAD_STATE, "RDMA MemKey reply lacks a rail's key");
   }

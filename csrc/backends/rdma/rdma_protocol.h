@@ -5,7 +5,7 @@
 //
 //   Connect   u8 op=1, u8 notify, u32 notice buffers per QP, u32 n, n x QpInfo
 //       reply u32 n, n x QpInfo (the target's QP i pairs with the initiator's QP i)
-//   MemKey    u8 op=2, u64 memory id
+//   MemKey    u8 op=2, u64 memory id, u64 target incarnation, 16-byte memory token
 //       reply u64 address, u64 size, u32 n, n x u32 rkey (by the target's rail)
 // Failures are answered with an Error frame (code + message).
 #pragma once

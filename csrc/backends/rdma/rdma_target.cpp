@@ -57,13 +57,19 @@ class TargetConnection {
 
   std::vector<uint8_t> MemKey(ByteReader& r) {
     const uint64_t id = r.Get<uint64_t>("memory id");
+    const Incarnation incarnation = r.Get<uint64_t>("incarnation");
+    MemoryToken token;
+    r.GetBytes(token.data(), token.size(), "token");
     r.ExpectEnd();
-    // Held while registering, so a concurrent deregistration waits for us and
-    // then drops what we registered.
-    MemoryUse use(shared_->ctx.memory->Find(id));
+    // The rkeys are the NIC's handle to the memory: handed out only for the
+    // memory's token and this process's incarnation. Held while registering,
+    // so a concurrent deregistration waits for us and then drops what we
+    // registered.
+    std::string msg;
+    MemoryUse use(shared_->ctx.memory->FindForPeer(id, incarnation, token, &msg));
     if (!use) {
-      throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(id) + " is not registered with engine '" +
-                                                 shared_->ctx.self->key + "' (deregistered?)");
+      if (msg.empty()) msg = "memory " + std::to_string(id) + " was deregistered";
+      throw Error(StatusCode::ERR_NOT_FOUND, msg);
     }
     const auto& rails = shared_->rails;
     std::vector<bool> used(rails.size(), false);

@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include <cstring>
+
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
 
@@ -18,7 +20,7 @@ bool TcpBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, con
 
 std::shared_ptr<BackendPeer> TcpBackend::Peer(const EngineDesc& remote) {
   return peers_.GetOrCreate(remote.key, [&] {
-    auto p = std::make_shared<TcpPeer>(*ctx_.self, remote, cfg_, staging_);
+    auto p = std::make_shared<TcpPeer>(*ctx_.self, ctx_.secret, remote, cfg_, staging_);
     if (shut_.load()) p->Close("TCP backend was removed");
     return p;
   });
@@ -93,18 +95,22 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gp
   }
   const auto op = static_cast<Op>(h.op);
   if (op == Op::Notice) {
-    ctx_.notices->Arrive(peer.key, h.uid, h.parts_total);
+    // From the peer this connection authenticated, about its own uid; a
+    // notice meant for an earlier process of this engine is dropped.
+    if (h.incarnation == ctx_.self->incarnation) ctx_.notices->Arrive(peer.key, h.uid, h.parts_total);
     return true;
   }
 
-  // Bounds-check every range against our own registration before touching it.
+  // Only with the memory's token and this process's incarnation; then
+  // bounds-check every range against our own registration before touching it.
   StatusCode code = StatusCode::SUCCESS;
   std::string msg;
-  MemoryUse use(ctx_.memory->Find(h.mem_id));
+  MemoryToken token;
+  std::memcpy(token.data(), h.token, token.size());
+  MemoryUse use(ctx_.memory->FindForPeer(h.mem_id, h.incarnation, token, &msg));
   if (!use) {
     code = StatusCode::ERR_NOT_FOUND;
-    msg = "memory " + std::to_string(h.mem_id) + " is not registered with engine '" + ctx_.self->key +
-          "' (deregistered?)";
+    if (msg.empty()) msg = "memory " + std::to_string(h.mem_id) + " was deregistered";
   } else {
     for (size_t i = 0; i < table.size(); ++i) {
       std::string e = CheckRange(use->desc, table[i].offset, table[i].size, "remote");
@@ -130,7 +136,7 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gp
     for (const auto& s : table) segs.push_back({0, s.offset, s.size});
   }
   const DeviceBytes device_bytes{gpu_mem ? use->desc.data : 0, gpu_mem ? use->desc.device_id : -1, &segs,
-                                 /*local_side=*/false};
+                                 /*local_side=*/false, /*fenced=*/true};
   std::vector<iovec> iov;
   if (op == Op::Write) {
     if (code == StatusCode::SUCCESS && gpu_mem) {
@@ -145,7 +151,7 @@ bool TcpBackend::ServeRequest(const EngineDesc& peer, int fd, std::unique_ptr<gp
       AppendIovecs(use->Base(), segs, false, &iov);
       char pad[kWireAlign];
       if (uint64_t n = WirePad(h.total_bytes)) iov.push_back({pad, n});
-      r = ReadVFull(fd, iov, deadline);
+      r = ReadVFullFenced(fd, iov, deadline);
     } else {
       r = Discard(fd, WireRound(h.total_bytes), deadline);  // keep the stream in step
     }

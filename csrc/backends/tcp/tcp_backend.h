@@ -24,7 +24,7 @@ namespace tcp {
 
 class TcpPeer : public BackendPeer {
  public:
-  TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg,
+  TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, const TcpConfig& cfg,
           std::shared_ptr<gpu::StagingPool> staging);
   ~TcpPeer() override;
   void Submit(TransferOp op) override;
@@ -37,6 +37,7 @@ class TcpPeer : public BackendPeer {
   std::shared_ptr<DataConn> Conn(size_t i, std::string* err);
 
   const EngineDesc self_;
+  const std::string secret_;
   const EngineDesc remote_;
   const TcpConfig cfg_;
   const std::shared_ptr<gpu::StagingPool> staging_;

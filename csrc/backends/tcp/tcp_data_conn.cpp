@@ -89,7 +89,7 @@ void DataConn::Complete(Part& p, StatusCode code, const std::string& msg) {
   if (p.tracker) p.tracker->PartDone(code, msg);
 }
 
-void DataConn::Break(const std::string& reason) {
+void DataConn::Break(const std::string& reason, StatusCode code) {
   std::deque<PartPtr> failed;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -102,15 +102,24 @@ void DataConn::Break(const std::string& reason) {
     cv_.notify_all();
   }
   {
+    // With requests outstanding, reset, not just shut down: the target must
+    // see the abort before it receives anything more into registered memory
+    // (tcp_protocol.h, fence), even when its receive buffer is full and a FIN
+    // would queue behind data. With none (every request was answered), a
+    // plain close.
     std::lock_guard<std::mutex> lk(mu_);
-    sock_.Shutdown();
+    if (failed.empty()) {
+      sock_.Shutdown();
+    } else {
+      sock_.Abort();
+    }
   }
   if (!failed.empty()) {
     MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
                                                    << failed.size() << " request(s)");
   }
   const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
-  for (auto& p : failed) Complete(*p, StatusCode::ERR_BAD_STATE, msg);
+  for (auto& p : failed) Complete(*p, code, msg);
 }
 
 bool DataConn::Prepare(Part& p) {
@@ -141,6 +150,8 @@ bool DataConn::Prepare(Part& p) {
   p.hdr.total_bytes = p.total;
   p.hdr.num_segs = static_cast<uint32_t>(p.segs.size());
   p.hdr.parts_total = p.parts_total;
+  p.hdr.incarnation = p.incarnation;
+  std::memcpy(p.hdr.token, p.token.data(), sizeof(p.hdr.token));
   p.table.resize(p.segs.size());
   for (size_t i = 0; i < p.segs.size(); ++i) p.table[i] = {p.segs[i].remote_off, p.segs[i].size};
   return true;
@@ -151,7 +162,7 @@ bool DataConn::Connect() {
   try {
     s = connect_();
   } catch (const Error& e) {
-    Break(e.what());
+    Break(e.what(), e.code());  // ERR_NOT_FOUND "engine restarted" stays that
     return false;
   }
   std::lock_guard<std::mutex> lk(mu_);
@@ -295,6 +306,7 @@ void DataConn::RecvLoop() {
       n->op = Op::Notice;
       n->uid = head->uid;
       n->parts_total = head->parts_total;
+      n->incarnation = head->incarnation;
       n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
       Enqueue(std::move(n));
     }

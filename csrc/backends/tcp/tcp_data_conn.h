@@ -32,6 +32,8 @@ struct Part {
   bool notify = false;
   std::shared_ptr<LocalMemory> local;  // null for notices
   uint64_t mem_id = 0;                 // target memory id
+  Incarnation incarnation = 0;         // of the target engine
+  MemoryToken token{};                 // of the target memory
   std::vector<Segment> segs;
   uint64_t total = 0;
   TransferUid uid = 0;
@@ -64,8 +66,8 @@ class DataConn {
   // is readable was closed by the peer (it restarted, say): it is broken
   // here, so the caller reopens it instead of failing the next request.
   bool Usable();
-  // Ends every queued and in-flight request with `reason`. Idempotent.
-  void Break(const std::string& reason);
+  // Ends every queued and in-flight request with `code` and `reason`. Idempotent.
+  void Break(const std::string& reason, StatusCode code = StatusCode::ERR_BAD_STATE);
 
  private:
   void SendLoop();

@@ -5,9 +5,10 @@
 namespace mori_torch {
 namespace tcp {
 
-TcpPeer::TcpPeer(const EngineDesc& self, EngineDesc remote, const TcpConfig& cfg,
+TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, const TcpConfig& cfg,
                  std::shared_ptr<gpu::StagingPool> staging)
     : self_(self),
+      secret_(std::move(secret)),
       remote_(std::move(remote)),
       cfg_(cfg),
       staging_(std::move(staging)),
@@ -39,9 +40,9 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
   if (c && c->Usable()) return c;
   // Connecting happens on the connection's own thread: a slow or hung peer
   // never blocks the caller's submit.
-  auto connect = [self = self_, remote = remote_, cfg = cfg_]() {
+  auto connect = [self = self_, remote = remote_, cfg = cfg_, secret = secret_]() {
     Socket s = OpenEngineConnection(self, remote, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
-                                    static_cast<int>(cfg.connect_timeout_ms));
+                                    static_cast<int>(cfg.connect_timeout_ms), secret);
     SetNoDelay(s.fd(), true);  // requests are written whole; never wait for acks
     SetBufferSizes(s.fd(), static_cast<int>(cfg.sock_sndbuf_bytes), static_cast<int>(cfg.sock_rcvbuf_bytes));
     SetKeepalive(s.fd(), cfg.enable_keepalive, static_cast<int>(cfg.keepalive_idle_sec),
@@ -75,6 +76,8 @@ void TcpPeer::Submit(TransferOp op) {
     p->notify = cfg_.enable_notification;
     p->local = op.local;
     p->mem_id = op.remote.id;
+    p->incarnation = op.remote.incarnation;
+    p->token = op.remote.token;
     p->segs = std::move(stripes[i]);
     p->total = TotalBytes(p->segs);
     p->uid = op.uid;

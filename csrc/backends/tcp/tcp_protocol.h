@@ -6,6 +6,12 @@
 // padding to kWireAlign. NOTICE requests (a read's data arrived) get no
 // response. Requests on one connection are answered in order.
 //
+// Fence: an initiator that gives up on a connection (a timeout, an error,
+// shutdown) resets it (RST) before it reports its requests failed, and the
+// target checks that the connection is intact before each receive into
+// registered memory: a write reported failed never lands later, even from
+// bytes that sat in the target's socket buffer while it was stopped.
+//
 // Why the padding: every message is a multiple of 64 bytes, so a payload
 // starts 64-byte aligned in the socket buffer's pages, like the registered
 // memory it is copied to or from. Unaligned, the receiver's kernel copy
@@ -38,9 +44,12 @@ struct RequestHeader {
   uint64_t mem_id;       // target memory id
   uint64_t total_bytes;  // sum of segment sizes
   uint32_t num_segs;
-  uint32_t parts_total;  // requests that make up transfer `uid`
+  uint32_t parts_total;   // requests that make up transfer `uid`
+  uint64_t incarnation;   // of the target engine, from the memory's descriptor
+  uint8_t token[16];      // the target memory's token (MemoryDesc::token)
+  uint64_t reserved2;
 };
-static_assert(sizeof(RequestHeader) == 48, "RequestHeader layout");
+static_assert(sizeof(RequestHeader) == 80, "RequestHeader layout");
 
 constexpr uint64_t kWireAlign = 64;
 // Zero bytes that bring `n` up to a multiple of kWireAlign.
@@ -65,8 +74,7 @@ struct ResponseHeader {
   uint64_t payload_bytes;
 };
 static_assert(sizeof(ResponseHeader) == 24, "ResponseHeader layout");
-static_assert(sizeof(RequestHeader) <= kWireAlign && sizeof(ResponseHeader) <= kWireAlign,
-              "a message's first kWireAlign bytes hold its header");
+static_assert(sizeof(ResponseHeader) <= kWireAlign, "a response's first kWireAlign bytes hold its header");
 
 }  // namespace tcp
 }  // namespace mori_torch

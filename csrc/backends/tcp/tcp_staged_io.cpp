@@ -113,6 +113,10 @@ IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, Deadlin
       return r;
     }
     if (!gpu_error->empty()) continue;  // keep the stream in step, copy nothing
+    if (dst.fenced && PeerAbandoned(fd)) {
+      Drain(st);
+      return IoResult::Fail("fenced: the peer abandoned the connection; nothing more is written");
+    }
     try {
       st.Copy(b, pieces, gpu::StagingSet::Direction::kChunkToDevice, dst.device);
     } catch (const Error& e) {

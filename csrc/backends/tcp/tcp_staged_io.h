@@ -22,6 +22,9 @@ struct DeviceBytes {
   int device = -1;
   const std::vector<Segment>* segs = nullptr;
   bool local_side = true;
+  // Receiving: nothing is copied to the device once the peer abandoned the
+  // connection (the target's write fence, tcp_protocol.h).
+  bool fenced = false;
 };
 
 // Sends the payload. A device error fails the result (the stream is then
