@@ -44,6 +44,14 @@ def read_all(engine, remote: MemoryDesc) -> torch.Tensor:
     return local
 
 
+def _thread_state(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # the thread ended
+        return None
+
+
 class PeerProcess:
     """rendezvous_peer.py: an engine that publishes itself from its own process."""
 
@@ -76,6 +84,14 @@ class PeerProcess:
 
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
+        if sig == signal.SIGSTOP:
+            # kill() returns before every thread has stopped; until then the
+            # engine may still answer a transfer issued right after.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not all(
+                    _thread_state(self.proc.pid, t) in ("T", "t", None)
+                    for t in os.listdir(f"/proc/{self.proc.pid}/task")):
+                time.sleep(0.01)
 
     def stop(self):
         if self.proc.poll() is None:
