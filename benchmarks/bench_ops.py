@@ -67,18 +67,24 @@ def host_us(fn, iters, sync_every=64, drain=None):
     return statistics.median(samples)
 
 
-def graph_us_per_node(body, replays):
-    """Captures NODES calls of body() in one graph; GPU microseconds per node."""
+def capture_graph(fn, warmup=None):
+    """A CUDA graph of fn(), captured after one warm-up call (warmup(), or
+    fn()) on a side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        body()
+        (warmup or fn)()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(NODES):
-            body()
+        fn()
+    return g
+
+
+def graph_us_per_node(body, replays):
+    """Captures NODES calls of body() in one graph; GPU microseconds per node."""
+    g = capture_graph(lambda: [body() for _ in range(NODES)], warmup=body)
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()

