@@ -1,33 +1,26 @@
 #!/usr/bin/env bash
-# Creates the virtual environment the vLLM connector tests run in
-# (.venv-vllm, or $MORI_VLLM_VENV): vLLM 0.33.0 on a CPU torch, with
-# mori_torch built against that torch. scripts/test.sh runs tests/vllm in it
-# when it exists.
+# Adds vLLM 0.33.0 to the project's virtual environment (.venv, or
+# $MORI_VENV), for the vLLM connector tests (tests/vllm). One environment,
+# not a second one with its own torch and its own build of mori_torch: that
+# doubled the disk a fresh machine needs (about 4 GB more) and ran CI out of
+# space.
 #
 # A plain `pip install vllm==0.33.0` fails (the wheel pins
 # certifi>=2026.10.19, newer than any certifi on PyPI) and pulls the whole
-# CUDA stack. This is the lean install of shared/notes/VLLM_ON_CPU.md:
-#   1. torch==2.13.0 (CPU),
-#   2. the part of vLLM's requirements its scheduler, config and KV-connector
+# CUDA stack again. This is the lean install of shared/notes/VLLM_ON_CPU.md:
+#   1. the part of vLLM's requirements its scheduler, config and KV-connector
 #      paths import, with the wheel's own version bounds (certifi relaxed),
-#   3. vllm --no-deps.
-# mori_torch is built from a copy of the tracked sources under
-# build/vllm-env/src, so the source tree's own build (.venv, a CUDA torch)
-# is left alone.
+#   2. vllm --no-deps, beside the torch already there (the wheel pins
+#      torch==2.14.0; its scheduler and connector paths run on 2.14.1, and
+#      vllm._C, which needs the exact torch, is on none of them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${MORI_VLLM_VENV:-.venv-vllm}
+VENV=${MORI_VENV:-.venv}
 VLLM_SPEC=vllm==0.33.0
-TORCH_SPEC=torch==2.13.0
 WHEELS=${MORI_TORCH_COMPAT_CACHE:-$HOME/.cache/mori_torch/compat}
-SRC=build/vllm-env/src
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
 
 mkdir -p build
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
-"${PIP[@]}" --upgrade pip setuptools wheel
-"${PIP[@]}" "$TORCH_SPEC" ninja pytest pytest-timeout "etcd3gw>=2.7"
-
 mkdir -p "$WHEELS"
 wheel=$(ls "$WHEELS"/vllm-0.33.0-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$wheel" ]; then
@@ -64,12 +57,5 @@ EOF
 "${PIP[@]}" -r build/vllm-env-requirements.txt
 "${PIP[@]}" --no-deps "$wheel"
 
-# mori_torch from a copy of the tracked (and new, unignored) sources. The
-# copy keeps its build/ folder and the sources' times, so a rerun recompiles
-# only what changed.
-mkdir -p "$SRC"
-find "$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$SRC"
-MAX_JOBS=${MAX_JOBS:-$(nproc)} "${PIP[@]}" --no-build-isolation "$SRC"
 py=$(cd "$VENV/bin" && pwd)/python
-(cd /tmp && "$py" -c "import mori_torch, torch, vllm; print('vllm', vllm.__version__, 'mori_torch on torch', torch.__version__)")
+(cd /tmp && "$py" -c "import mori_torch, torch, vllm; print('vllm', vllm.__version__, 'beside mori_torch on torch', torch.__version__)")

@@ -3,6 +3,7 @@ for tests, benchmarks and trying the etcd directory on one machine. Uses the
 `etcd` binary on PATH (Debian: `apt-get install etcd-server`)."""
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -20,12 +21,15 @@ def free_port() -> int:
 
 class LocalEtcd:
     """``start()``, ``kill()`` (as a crash: SIGKILL) and ``start(fresh=True)``
-    (a restart that lost its data); ``endpoint`` is the client URL."""
+    (a restart that lost its data); ``endpoint`` is the client URL. ``close()``
+    (and leaving a ``with`` block) kills the server and removes the scratch
+    directory and log it made; a ``data_dir`` the caller gave is left alone."""
 
     def __init__(self, data_dir: Optional[str] = None):
         self.binary = shutil.which("etcd")
         if self.binary is None:
             raise RuntimeError("no etcd binary on PATH: install Debian's etcd-server (scripts/setup.sh does)")
+        self.owns_data_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="mori-etcd-")
         self.log_path = self.data_dir.rstrip("/") + ".log"
         self.port, self.peer_port = free_port(), free_port()
@@ -61,8 +65,17 @@ class LocalEtcd:
             self.proc.wait(10)
         self.proc = None
 
+    def close(self) -> None:
+        self.kill()
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            try:
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
+
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
-        self.kill()
+        self.close()

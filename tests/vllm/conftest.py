@@ -1,5 +1,6 @@
 """Tests of MoriTorchConnector against the real vLLM 0.33.0 package; they
-run in the environment scripts/setup_vllm_env.sh creates (.venv-vllm)."""
+run in the project's environment once scripts/setup_vllm_env.sh has added
+vLLM to it."""
 import os
 import sys
 
