@@ -75,13 +75,6 @@ class DoorbellSlot {
   // The staging bytes as a host registration the backends move bytes from
   // and into (never registered with an engine; a process-unique id).
   const std::shared_ptr<LocalMemory>& staging_memory() const { return staging_memory_; }
-  // Where the stream reaches `host` (inside this slot), given the stream's
-  // address of the slot's base (cached on first use by the enqueue path).
-  uint64_t Reached(const void* host) const {
-    return reach_base_ + static_cast<uint64_t>(static_cast<const char*>(host) - base_);
-  }
-  char* base() const { return base_; }
-  uint64_t reach_base_ = 0;  // set by the enqueue path on the user's thread
   // Device memory of staging_bytes() on device scratch_domain_ where the
   // stream packs pages before the DMA into staging (and unpacks after it);
   // made by the enqueue path on first staged use, freed with the slot.

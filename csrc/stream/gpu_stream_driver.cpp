@@ -4,8 +4,6 @@ namespace mori_torch {
 
 bool GpuStreamDriver::Capturing() { return gpu::StreamIsCapturing(s_); }
 
-uint64_t GpuStreamDriver::Reach(void* host) { return gpu::DevicePointerOfPinned(host); }
-
 void GpuStreamDriver::Copy(void* dst, const void* src, size_t bytes) {
   gpu::CopyAsync(reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), bytes, s_);
 }

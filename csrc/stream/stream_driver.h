@@ -18,9 +18,6 @@ class StreamDriver {
   virtual ~StreamDriver() = default;
   // True while work enqueued now is recorded into a graph that may replay.
   virtual bool Capturing() = 0;
-  // The address through which this stream's work reaches pinned host memory
-  // at `host` (slot words, lists and staging bytes).
-  virtual uint64_t Reach(void* host) = 0;
   // Copies `bytes` between memory the stream reaches (device memory, or
   // pinned host memory by its host address): a DMA on a GPU.
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
@@ -55,7 +52,6 @@ class GpuStreamDriver : public StreamDriver {
  public:
   explicit GpuStreamDriver(gpu::Stream s) : s_(s) {}
   bool Capturing() override;
-  uint64_t Reach(void* host) override;
   void Copy(void* dst, const void* src, size_t bytes) override;
   void* AllocScratch(size_t bytes) override;
   ScratchFree scratch_free() override;

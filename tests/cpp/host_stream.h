@@ -55,7 +55,6 @@ class HostStream : public StreamDriver {
   }
 
   bool Capturing() override { return capture_ != nullptr; }
-  uint64_t Reach(void* host) override { return reinterpret_cast<uint64_t>(host); }
   void Copy(void* dst, const void* src, size_t bytes) override {
     Push([=] { std::memcpy(dst, src, bytes); });
   }
