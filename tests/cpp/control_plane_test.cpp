@@ -25,26 +25,13 @@
 namespace mori_torch {
 namespace {
 
+using testing_util::RawConnect;
 using testing_util::CatchError;
 using testing_util::Contains;
 using testing_util::MsSince;
 using testing_util::ScopedEnv;
 
 constexpr int kFrameTimeoutMs = 300;
-
-int RawConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Sends everything; false if the peer already closed on us.
 bool SendAll(int fd, const std::vector<uint8_t>& b) {

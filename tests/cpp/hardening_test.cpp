@@ -30,6 +30,8 @@
 namespace mori_torch {
 namespace {
 
+using testing_util::ClosedWithin;
+using testing_util::RawConnect;
 using testing_util::Contains;
 using testing_util::MsSince;
 using testing_util::PollUntil;
@@ -51,20 +53,6 @@ int64_t RssKiB() {
   return -1;
 }
 
-int RawConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 bool SendAll(int fd, const void* p, size_t n) {
   const char* b = static_cast<const char*>(p);
   while (n > 0) {
@@ -79,18 +67,6 @@ bool SendAll(int fd, const void* p, size_t n) {
 bool SendAll(int fd, const std::vector<uint8_t>& v) { return SendAll(fd, v.data(), v.size()); }
 
 // True once the peer closed fd (EOF or reset) within ms.
-bool ClosedWithin(int fd, int ms) {
-  const auto t0 = std::chrono::steady_clock::now();
-  char buf[4096];
-  while (MsSince(t0) < ms) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, std::min(ms, 50)) <= 0) continue;
-    ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
-  }
-  return false;
-}
-
 EngineDesc RawDesc(const std::string& key) {
   EngineDesc d;
   d.key = key;

@@ -22,6 +22,8 @@
 namespace mori_torch {
 namespace {
 
+using testing_util::ClosedWithin;
+using testing_util::RawConnect;
 using testing_util::CatchError;
 using testing_util::Contains;
 using testing_util::FillRandom;
@@ -211,16 +213,6 @@ TEST_F(EngineAuthTest, AnEngineWithASecretRefusesAnOpenServer) {
   EXPECT_TRUE(Contains(e->what(), "has no secret configured")) << e->what();
 }
 
-int RawConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  return fd;
-}
-
 std::string ErrorMessage(const Frame& f) {
   ByteReader r(f.payload.data(), f.payload.size(), "error");
   r.Get<uint32_t>("code");
@@ -270,6 +262,49 @@ TEST_F(EngineAuthTest, RawUnauthenticatedClientsAreServedNothing) {
     EXPECT_TRUE(!r.ok || f.type == FrameType::Error);
     ::close(fd);
   }
+}
+
+// A peer that asks to authenticate, takes the challenge and then never sends
+// its proof holds a handshake slot only until hello_timeout_ms: the target
+// closes it then (not at once, and not never), and keeps serving others.
+TEST(EngineAuthTimeouts, APeerStallingBeforeItsProofIsClosedAtTheHelloTimeout) {
+  SetLogLevel("critical");
+  EngineConfig cfg = Config("team secret");
+  cfg.control.hello_timeout_ms = 600;
+  Engine target("target", cfg);
+  target.CreateBackend(BackendType::TCP, {});
+  for (auto kind : {ConnectionKind::Control, ConnectionKind::Data}) {
+    int fd = RawConnect(target.Desc().port);
+    ASSERT_GE(fd, 0);
+    EngineDesc me;
+    me.key = "stalls";
+    me.host = "127.0.0.1";
+    auth::HelloAuth a;
+    a.version = auth::kAuthVersion;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(WriteFrame(fd, FrameType::Hello, EncodeHello(kind, 3, me, a), 2000).ok);
+    Frame f;
+    ASSERT_TRUE(ReadFrame(fd, &f, 2000, 2000).ok);
+    ASSERT_EQ(f.type, FrameType::AuthChallenge);
+    // ... and no proof follows.
+    EXPECT_FALSE(ClosedWithin(fd, 300)) << "closed long before hello_timeout_ms";
+    EXPECT_TRUE(ClosedWithin(fd, 3000)) << "a stalled handshake was kept past hello_timeout_ms";
+    const int64_t ms = testing_util::MsSince(t0);
+    EXPECT_GE(ms, 500) << ms;
+    EXPECT_LE(ms, 3000) << ms;
+    ::close(fd);
+  }
+  // The target still serves a peer that proves the secret.
+  Buffer tbuf(4096, 1), src(4096, 2);
+  MemoryDesc tmem = target.RegisterMemory(tbuf.ptr(), 4096, -1, MemoryLocationType::CPU);
+  Engine peer("teammate", Config("team secret"));
+  peer.CreateBackend(BackendType::TCP, {});
+  peer.RegisterRemoteEngine(target.Desc());
+  MemoryDesc local = peer.RegisterMemory(src.ptr(), 4096, -1, MemoryLocationType::CPU);
+  auto s = peer.Write(local, 0, tmem, 0, 4096, peer.AllocateTransferUid());
+  ASSERT_EQ(s->WaitFor(kWaitMs), StatusCode::SUCCESS) << s->Message();
+  EXPECT_EQ(0, std::memcmp(tbuf.bytes.data(), src.bytes.data(), 4096));
+  SetLogLevel("warning");
 }
 
 TEST(EngineTokens, ForgedAndEnumeratedHandlesAreRefusedWithoutASecretToo) {

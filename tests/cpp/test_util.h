@@ -2,8 +2,15 @@
 // CMake glob only picks up *_test.cpp).
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -91,6 +98,36 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> old_;
 };
+
+// A plain TCP connection to 127.0.0.1:`port`, as a hostile or broken peer
+// would open it (no Hello); -1 when the connect fails.
+inline int RawConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True once the peer closed `fd` (EOF or reset) within `ms`; what it sent
+// before closing is read and dropped.
+inline bool ClosedWithin(int fd, int ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  char buf[4096];
+  while (MsSince(t0) < ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, std::min(ms, 50)) <= 0) continue;
+    ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
 
 }  // namespace testing_util
 }  // namespace mori_torch
