@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from . import _C  # noqa: F401  (registers torch.classes.mori)
+from ._int64s import int64s as _int64s
 
 __all__ = [
     "IOEngine",
@@ -221,10 +222,6 @@ def _raise_if_type_error(e: RuntimeError) -> None:
     msg = str(e)
     if "Expected a value of type" in msg or "Expected at most" in msg or "incompatible function arguments" in msg:
         raise TypeError(msg.splitlines()[0]) from None
-
-
-def _as_list(v) -> list:
-    return v if type(v) is list else list(v)
 
 
 def _index(name: str, v) -> int:
@@ -460,21 +457,21 @@ class IOEngineSession:
 
     @_upstream_keywords(transfer_uid="uid")
     def batch_read(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
-        """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
-        return self._batch(self._s.batch_read, self._s.batch_read_tensors, local_offsets, remote_offsets, sizes, uid)
+        """Lists or tuples of ints, 1-D int64 tensors or numpy integer arrays."""
+        return self._batch(self._s.batch_read_tensors, local_offsets, remote_offsets, sizes, uid)
 
     @_upstream_keywords(transfer_uid="uid")
     def batch_write(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
-        """Lists of ints, or 1-D int64 tensors (faster for large batches)."""
-        return self._batch(self._s.batch_write, self._s.batch_write_tensors, local_offsets, remote_offsets, sizes,
-                           uid)
+        """Lists or tuples of ints, 1-D int64 tensors or numpy integer arrays."""
+        return self._batch(self._s.batch_write_tensors, local_offsets, remote_offsets, sizes, uid)
 
-    def _batch(self, from_lists, from_tensors, local_offsets, remote_offsets, sizes, uid):
+    def _batch(self, from_tensors, local_offsets, remote_offsets, sizes, uid):
         self._check_open()
+        lo = _int64s("local_offsets", local_offsets)
+        ro = _int64s("remote_offsets", remote_offsets)
+        sz = _int64s("sizes", sizes)
         try:
-            if isinstance(local_offsets, torch.Tensor):
-                return TransferStatus(from_tensors(local_offsets, remote_offsets, sizes, uid))
-            return TransferStatus(from_lists(_as_list(local_offsets), _as_list(remote_offsets), _as_list(sizes), uid))
+            return TransferStatus(from_tensors(lo, ro, sz, uid))
         except RuntimeError as e:
             _raise_if_type_error(e)
             raise
@@ -608,27 +605,28 @@ class IOEngine:
             _raise_if_type_error(e)
             raise
 
-    def _batch(self, fn, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
+    def _batch(self, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
         locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]
         remotes = [_check_desc("remote_descs[]", d, MemoryDesc) for d in remote_descs]
+        lo = [_int64s("local_offsets[]", x) for x in local_offsets]
+        ro = [_int64s("remote_offsets[]", x) for x in remote_offsets]
+        sz = [_int64s("sizes[]", x) for x in sizes]
         try:
-            return _wrap_all(
-                fn(
-                    locals_, [list(x) for x in local_offsets], remotes, [list(x) for x in remote_offsets],
-                    [list(x) for x in sizes], list(uids),
-                )
-            )
+            return _wrap_all(self._e.batch_transfer_tensors(is_read, locals_, lo, remotes, ro, sz, list(uids)))
         except RuntimeError as e:
             _raise_if_type_error(e)
             raise
 
     @_upstream_keywords(transfer_uid="uids")
     def batch_read(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
-        return self._batch(self._e.batch_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
+        """One transfer per memory pair: entry i reads sizes[i] at local_offsets[i] of local_descs[i] from
+        remote_offsets[i] of remote_descs[i] under uids[i]. Offsets and sizes as in IOEngineSession.batch_read."""
+        return self._batch(True, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 
     @_upstream_keywords(transfer_uid="uids")
     def batch_write(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
-        return self._batch(self._e.batch_write, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
+        """As batch_read, in the other direction."""
+        return self._batch(False, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 
     @_native_call
     @_upstream_keywords(local_mem="local", remote_mem="remote")

@@ -34,6 +34,7 @@ from typing import Sequence, Union
 import torch
 
 from . import _C  # noqa: F401  (registers torch.ops.mori.*)
+from ._int64s import int64s
 
 __all__ = [
     "session_handle",
@@ -96,10 +97,10 @@ def doorbell_slots() -> dict:
     return {"watched": _ops.doorbell_slots_watched(), "captured": _ops.doorbell_slots_captured()}
 
 
-def _as_list(values: IntList, like: torch.Tensor) -> torch.Tensor:
+def _on_device_of(what: str, values: IntList, like: torch.Tensor) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         return values
-    return torch.tensor(list(values), dtype=torch.int64, device=like.device)
+    return int64s(what, values).to(like.device)
 
 
 def read(handle: int, local: torch.Tensor, local_offset: int, remote_offset: int, size: int) -> None:
@@ -121,16 +122,16 @@ def batch_read(handle: int, local: torch.Tensor, local_offsets: IntList, remote_
     holds one value) from ``remote_offsets[i]`` into ``local`` at
     ``local_offsets[i]``. Lists are int64 tensors (CPU or GPU) or sequences
     of ints (turned into tensors on ``local``'s device)."""
-    _ops.batch_read(handle, local, _as_list(local_offsets, local), _as_list(remote_offsets, local),
-                    _as_list(sizes, local))
+    _ops.batch_read(handle, local, _on_device_of("local_offsets", local_offsets, local),
+                    _on_device_of("remote_offsets", remote_offsets, local), _on_device_of("sizes", sizes, local))
 
 
 def batch_write(handle: int, local: torch.Tensor, local_offsets: IntList, remote_offsets: IntList,
                 sizes: IntList) -> None:
     """Writes segment i of ``local`` (at ``local_offsets[i]``) to the remote
     memory at ``remote_offsets[i]``; lists as in :func:`batch_read`."""
-    _ops.batch_write(handle, local, _as_list(local_offsets, local), _as_list(remote_offsets, local),
-                     _as_list(sizes, local))
+    _ops.batch_write(handle, local, _on_device_of("local_offsets", local_offsets, local),
+                     _on_device_of("remote_offsets", remote_offsets, local), _on_device_of("sizes", sizes, local))
 
 
 def read_pages(handle: int, local: torch.Tensor, local_pages: IntList, remote_pages: IntList,
@@ -138,14 +139,16 @@ def read_pages(handle: int, local: torch.Tensor, local_pages: IntList, remote_pa
     """Block-table read: page ``remote_pages[i]`` of the remote memory (bytes
     ``[p * page_bytes, (p + 1) * page_bytes)``) into page ``local_pages[i]``
     of ``local``."""
-    _ops.read_pages(handle, local, _as_list(local_pages, local), _as_list(remote_pages, local), page_bytes)
+    _ops.read_pages(handle, local, _on_device_of("local_pages", local_pages, local),
+                    _on_device_of("remote_pages", remote_pages, local), page_bytes)
 
 
 def write_pages(handle: int, local: torch.Tensor, local_pages: IntList, remote_pages: IntList,
                 page_bytes: int) -> None:
     """Block-table write: page ``local_pages[i]`` of ``local`` to page
     ``remote_pages[i]`` of the remote memory."""
-    _ops.write_pages(handle, local, _as_list(local_pages, local), _as_list(remote_pages, local), page_bytes)
+    _ops.write_pages(handle, local, _on_device_of("local_pages", local_pages, local),
+                     _on_device_of("remote_pages", remote_pages, local), page_bytes)
 
 
 # Fake implementations (shapes only, for torch.compile and FakeTensor): the

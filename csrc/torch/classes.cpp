@@ -105,6 +105,19 @@ std::vector<std::vector<int64_t>> ToVecs(const c10::List<c10::List<int64_t>>& l)
   return out;
 }
 
+// One int64 tensor per memory pair (mori_torch._C.int64_tensor made them
+// from the caller's lists, or the caller passed tensors or numpy arrays).
+std::vector<std::vector<int64_t>> ToVecs(const c10::List<at::Tensor>& l, const char* name) {
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(l.size());
+  for (const at::Tensor& t : l) {
+    const auto host = ToHostInt64(t, name);  // holds a contiguous CPU copy where one was needed
+    const Int64Span s = host.span();
+    out.emplace_back(s.data, s.data + s.size);
+  }
+  return out;
+}
+
 
 struct EngineObj : torch::CustomClassHolder {
   std::shared_ptr<Engine> e;
@@ -325,6 +338,14 @@ TORCH_LIBRARY(mori, m) {
               const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
              return WrapAll(self->e->BatchTransfer(false, ToDescs(locals), ToVecs(lo), ToDescs(remotes), ToVecs(ro),
                                                    ToVecs(sizes), ToVec(uids)));
+           })
+      .def("batch_transfer_tensors",
+           [](const EngineRef& self, bool is_read, const c10::List<MemoryDescRef>& locals,
+              const c10::List<at::Tensor>& lo, const c10::List<MemoryDescRef>& remotes,
+              const c10::List<at::Tensor>& ro, const c10::List<at::Tensor>& sizes, const c10::List<int64_t>& uids) {
+             return WrapAll(self->e->BatchTransfer(is_read, ToDescs(locals), ToVecs(lo, "local_offsets[]"),
+                                                   ToDescs(remotes), ToVecs(ro, "remote_offsets[]"),
+                                                   ToVecs(sizes, "sizes[]"), ToVec(uids)));
            })
       .def("create_session",
            [](const EngineRef& self, const MemoryDescRef& local,

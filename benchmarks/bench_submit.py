@@ -1,0 +1,128 @@
+"""Host cost of submitting a batch from the forms serving engines pass
+(issue #14, "Python lists"): Python lists (vLLM, SGLang), tuples, numpy
+arrays and int64 tensors, for a session batch and for the engine-level
+multi-pair batch SGLang uses. Two engines in this process, TCP over
+loopback on host memory (any machine), or XGMI on cuda:0 (--backend xgmi).
+
+Host cost = the time the submitting call takes (not the transfer), per
+segment, median over repeats; the same batch as int64 tensors is the
+baseline of the same run. Bytes are checked once per form.
+
+    python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mori_torch.io import BackendType, IOEngine, IOEngineConfig, TcpBackendConfig, XgmiBackendConfig  # noqa: E402
+
+
+def forms(lo, ro, sizes):
+    return {
+        "tensors": tuple(torch.tensor(x, dtype=torch.int64) for x in (lo, ro, sizes)),
+        "lists": (lo, ro, sizes),
+        "tuples": tuple(tuple(x) for x in (lo, ro, sizes)),
+        "numpy": tuple(np.asarray(x, dtype=np.int64) for x in (lo, ro, sizes)),
+    }
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        st = fn()
+        times.append(time.perf_counter_ns() - t0)
+        for s in st if isinstance(st, list) else [st]:
+            s.Wait()
+            assert s.Succeeded(), s.Message()
+    return statistics.median(times[2:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("tcp", "xgmi"), default="tcp")
+    ap.add_argument("--segments", type=int, default=16384)
+    ap.add_argument("--segment-bytes", type=int, default=4096)
+    ap.add_argument("--pairs", type=int, default=8, help="memory pairs of the engine-level batch")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    n, seg = args.segments, args.segment_bytes
+    dev = "cuda:0" if args.backend == "xgmi" else "cpu"
+    bt = BackendType.XGMI if args.backend == "xgmi" else BackendType.TCP
+    cfg = XgmiBackendConfig() if args.backend == "xgmi" else TcpBackendConfig()
+    a = IOEngine(f"submit-a-{os.getpid()}", IOEngineConfig("127.0.0.1", 0))
+    b = IOEngine(f"submit-b-{os.getpid()}", IOEngineConfig("127.0.0.1", 0))
+    for e in (a, b):
+        e.create_backend(bt, cfg)
+    a.register_remote_engine(b.get_engine_desc())
+    b.register_remote_engine(a.get_engine_desc())
+    src = torch.randint(0, 256, (n * seg,), dtype=torch.uint8, device=dev)
+    dst = torch.zeros(n * seg, dtype=torch.uint8, device=dev)
+    sd, dd = a.register_torch_tensor(src), b.register_torch_tensor(dst)
+    sess = a.create_session(sd, dd)
+
+    perm = list(range(n))
+    random.Random(1).shuffle(perm)
+    lo = [i * seg for i in range(n)]
+    ro = [p * seg for p in perm]
+    sizes = [seg] * n
+    records = []
+    machine = f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores"
+
+    def record(kind, form, ns, base_ns, segments):
+        r = dict(backend=args.backend, kind=kind, form=form, segments=segments, segment_bytes=seg,
+                 call_us=ns / 1e3, ns_per_segment=ns / segments, baseline="the same batch as int64 tensors",
+                 baseline_ns_per_segment=base_ns / segments, ratio_to_tensors=base_ns / ns, machine=machine)
+        records.append(r)
+        print(f"{kind:>7} {form:>19}: {ns / segments:6.1f} ns/segment (tensors {base_ns / segments:.1f}), "
+              f"call {ns / 1e3:8.1f} us", flush=True)
+
+    # Session batch: one memory pair, n segments.
+    base = None
+    for form, (l, r, s) in forms(lo, ro, sizes).items():
+        dst.zero_()
+        sess.batch_write(l, r, s, sess.allocate_transfer_uid()).Wait()
+        assert torch.equal(dst.view(n, seg)[torch.tensor(perm)], src.view(n, seg)), form
+        ns = timed(lambda: sess.batch_write(l, r, s, sess.allocate_transfer_uid()), args.repeats)
+        base = ns if form == "tensors" else base
+        record("session", form, ns, base, n)
+    # The path lists took before they were converted in C: TorchScript's List[int].
+    ns = timed(lambda: sess._s.batch_write(lo, ro, sizes, sess.allocate_transfer_uid()), args.repeats)
+    record("session", "lists via List[int]", ns, base, n)
+
+    # Engine batch: `pairs` memory pairs of n / pairs segments each.
+    k = args.pairs
+    per = n // k
+    base = None
+    for form in ("tensors", "lists", "numpy"):
+        chunks = [forms(lo[i * per:(i + 1) * per], ro[i * per:(i + 1) * per], sizes[:per])[form] for i in range(k)]
+        los, ros, szs = ([c[j] for c in chunks] for j in range(3))
+        ns = timed(lambda: a.batch_write([sd] * k, los, [dd] * k, ros, szs, [a.allocate_transfer_uid() for _ in range(k)]),
+                   args.repeats)
+        base = ns if form == "tensors" else base
+        record("engine", form, ns, base, per * k)
+
+    out = dict(command=" ".join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:]),
+               time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), torch=torch.__version__, records=records)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    for e in (a, b):
+        e.shutdown()
+
+
+if __name__ == "__main__":
+    main()

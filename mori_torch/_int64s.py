@@ -1,0 +1,35 @@
+"""Offsets, sizes and page lists as int64 tensors, from whatever serving
+engines pass: Python lists (vLLM and SGLang do), tuples, numpy arrays,
+tensors."""
+from __future__ import annotations
+
+import torch
+
+from . import _C
+
+
+def int64s(what: str, v) -> torch.Tensor:
+    """Offsets or sizes as a 1-D int64 tensor for the native batch path.
+
+    Lists and tuples are read in one pass in C (a few ns per entry; the
+    TorchScript List[int] boundary costs about 20). Tensors pass as they are,
+    and numpy integer arrays without a copy when they are int64 already.
+    Anything else iterable (range, array.array, a generator) goes through a
+    list first.
+    """
+    tv = type(v)
+    if tv is list or tv is tuple:
+        return _C.int64_tensor(v, what)
+    if isinstance(v, torch.Tensor):
+        return v
+    if tv.__module__ == "numpy" and hasattr(v, "dtype"):  # numpy is not imported here unless the caller did
+        if v.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers, got a numpy array of {v.dtype}")
+        t = torch.from_numpy(v) if v.flags.writeable else torch.from_numpy(v.copy())
+        return t if t.dtype == torch.int64 else t.to(torch.int64)
+    try:
+        return _C.int64_tensor(list(v), what)
+    except TypeError as e:
+        if "is not iterable" in str(e):
+            raise TypeError(f"{what} must be a list, tuple, tensor or numpy array of ints, got {tv.__name__}") from None
+        raise

@@ -1,0 +1,114 @@
+"""Batches from every form serving engines pass: lists (vLLM, SGLang),
+tuples, ranges, numpy arrays of any integer dtype and int64 tensors, for
+session batches, engine-level multi-pair batches and the ops' host path.
+Each form moves the same bytes; bad entries are errors naming the entry."""
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import Pair, pattern, wait_ok
+
+from mori_torch._int64s import int64s
+
+SEG = 512
+N = 256
+
+
+@pytest.fixture
+def p():
+    pair = Pair(nbytes=N * SEG)
+    yield pair
+    pair.close()
+
+
+def _layout(seed):
+    perm = list(range(N))
+    random.Random(seed).shuffle(perm)
+    return [i * SEG for i in range(N)], [q * SEG for q in perm], [SEG] * N
+
+
+FORMS = {
+    "list": lambda x: list(x),
+    "tuple": lambda x: tuple(x),
+    "numpy-int64": lambda x: np.asarray(x, dtype=np.int64),
+    "numpy-int32": lambda x: np.asarray(x, dtype=np.int32),
+    "numpy-uint64-strided": lambda x: np.repeat(np.asarray(x, dtype=np.uint64), 2)[::2],
+    "tensor": lambda x: torch.tensor(x, dtype=torch.int64),
+    "numpy-int-list": lambda x: [np.int64(v) for v in x],
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_session_batch_from_every_form_moves_the_same_bytes(p, form, op):
+    lo, ro, sizes = _layout(seed=len(form))
+    src = pattern(N * SEG, seed=7)
+    (p.local if op == "write" else p.remote).copy_(src)
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    conv = FORMS[form]
+    wait_ok(getattr(sess, f"batch_{op}")(conv(lo), conv(ro), conv(sizes), sess.allocate_transfer_uid()))
+    moved_to = p.remote if op == "write" else p.local
+    for l_off, r_off in zip(lo, ro):
+        a, b = (l_off, r_off) if op == "write" else (r_off, l_off)
+        assert torch.equal(moved_to[b:b + SEG], src[a:a + SEG])
+
+
+def test_a_range_and_a_generator_work_too(p):
+    p.local.copy_(pattern(N * SEG, seed=3))
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    wait_ok(sess.batch_write(range(0, N * SEG, SEG), (o for o in range(0, N * SEG, SEG)), [SEG] * N, 1))
+    assert torch.equal(p.remote, p.local)
+
+
+@pytest.mark.parametrize("form", ["list", "numpy-int64", "tensor"])
+def test_engine_batch_of_several_pairs_from_lists_and_arrays(p, form):
+    src = pattern(N * SEG, seed=11)
+    p.local.copy_(src)
+    lo, ro, sizes = _layout(seed=5)
+    k = 4
+    per = N // k
+    conv = FORMS[form]
+    sts = p.init.batch_write(
+        [p.local_desc] * k, [conv(lo[i * per:(i + 1) * per]) for i in range(k)],
+        [p.remote_desc] * k, [conv(ro[i * per:(i + 1) * per]) for i in range(k)],
+        [conv(sizes[:per])] * k, [p.init.allocate_transfer_uid() for _ in range(k)])
+    assert len(sts) == k
+    for st in sts:
+        wait_ok(st)
+    for l_off, r_off in zip(lo, ro):
+        assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
+
+
+def test_numpy_int64_arrays_and_tensors_are_not_copied():
+    a = np.arange(0, 4096 * 100, 4096, dtype=np.int64)
+    assert int64s("offsets", a).data_ptr() == a.ctypes.data
+    t = torch.arange(10, dtype=torch.int64)
+    assert int64s("offsets", t) is t
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ([0, 1.5], TypeError, r"sizes\[1\] must be an int, got float"),
+    ([0, "8"], TypeError, r"sizes\[1\] must be an int, got str"),
+    ([None], TypeError, r"sizes\[0\] must be an int, got NoneType"),
+    ([1 << 64], OverflowError, r"sizes\[0\] does not fit in int64"),
+    (8, TypeError, r"sizes must be a list, tuple, tensor or numpy array of ints, got int"),
+    (np.zeros(2, dtype=np.float32), TypeError, r"sizes must hold integers, got a numpy array of float32"),
+])
+def test_bad_entries_are_errors_naming_the_entry_and_move_nothing(p, bad, error, message):
+    before = p.remote.clone()
+    p.local.fill_(0xAB)
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    with pytest.raises(error, match=message):
+        sess.batch_write([0, SEG], [0, SEG], bad, 1)
+    with pytest.raises(error, match=message.replace("sizes", r"sizes\[\]")):
+        p.init.batch_write([p.local_desc], [[0, SEG]], [p.remote_desc], [[0, SEG]], [bad], [2])
+    assert torch.equal(p.remote, before)
+
+
+def test_lists_that_disagree_in_length_are_refused_clearly(p):
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    st = sess.batch_write([0, SEG], [0], [SEG, SEG], 1)
+    st.Wait()
+    assert st.Failed()
+    assert "mismatched list lengths: local_offsets has 2, remote_offsets has 1" in st.Message()
