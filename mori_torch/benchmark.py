@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read: remote -> local; write: local -> remote; both: read cases then write cases (default: read)")
     g.add_argument("--buffer-size", type=parse_size, default=32 * KiB,
                    help="bytes per segment; suffixes K, M, G allowed (default: 32K)")
-    g.add_argument("--transfer-batch-size", type=_positive_int, default=256,
-                   help="segments per iteration (default: 256)")
+    g.add_argument("--transfer-batch-size", type=_positive_int, default=None,
+                   help="segments per iteration (default: 256, or as many as fit in --max-buffer)")
     g.add_argument("--enable-batch-transfer", action="store_true",
                    help="one batch_read/batch_write call per iteration instead of one call per segment")
     g.add_argument("--enable-sess", action="store_true", help="use an IOEngineSession instead of engine-level calls")
@@ -202,15 +202,29 @@ def make_cases(args) -> Tuple[List[Case], List[Case]]:
             sizes.append(64 * MiB)
     else:
         sizes = [args.buffer_size]
-    batches = [1 << i for i in range(13)] if args.all_batch else [args.transfer_batch_size]
+    if args.all_batch:
+        batches = [1 << i for i in range(13)]
+    elif args.transfer_batch_size is not None:
+        batches = [args.transfer_batch_size]
+    else:
+        batches = [None]  # MORI-IO's 256, or fewer where 256 segments exceed --max-buffer
     ops = ["read", "write"] if args.op_type == "both" else [args.op_type]
     run, skipped = [], []
     for op in ops:
         for n in batches:
             for seg in sizes:
-                c = Case(op, seg, n)
+                c = Case(op, seg, n if n is not None else default_batch(seg, args.max_buffer))
                 (run if c.total <= args.max_buffer else skipped).append(c)
     return run, skipped
+
+
+DEFAULT_BATCH = 256
+
+
+def default_batch(seg: int, max_buffer: int) -> int:
+    """MORI-IO's default of 256 segments per iteration, capped to what fits in
+    --max-buffer (64M segments: 32 under the default 2G)."""
+    return max(1, min(DEFAULT_BATCH, max_buffer // max(seg, 1)))
 
 
 def auto_iters(total: int) -> int:
@@ -796,6 +810,13 @@ def run(args, argv: Sequence[str]) -> List[dict]:
     log(f"machine: {machine}; buffer {fmt_size(buffer_bytes)} per process; {len(cases)} case(s)")
     for c in skipped:
         log(f"skipped {c.op} {c.n} x {fmt_size(c.seg)}: needs {fmt_size(c.total)} > --max-buffer {fmt_size(args.max_buffer)}")
+    if not args.no_baseline:
+        log("baseline: plain TCP sockets moving the same bytes between the same two processes over as many "
+            "connections, in this run; ratio = mori_torch GB/s / baseline GB/s (1.0 = as fast as raw sockets)")
+    if args.transfer_batch_size is None and not args.all_batch:
+        for seg in sorted({c.seg for c in cases if c.n < DEFAULT_BATCH}):
+            log(f"{fmt_size(seg)} segments: {default_batch(seg, args.max_buffer)} per iteration, not "
+                f"{DEFAULT_BATCH}, to stay within --max-buffer {fmt_size(args.max_buffer)} (set --transfer-batch-size)")
 
     records: List[dict] = []
     init = Initiator(args, buffer_bytes)

@@ -47,6 +47,20 @@ def test_batch_write_session_json(tmp_path):
     assert r["command"][1:] == p.args[3:]
 
 
+def test_large_segments_without_a_batch_size_fit_the_buffer_limit(tmp_path):
+    # The README's first command (64M segments, MORI-IO's default of 256 per
+    # iteration) under a smaller --max-buffer: the batch shrinks to what fits,
+    # and the run says so and says what the baseline is.
+    out = tmp_path / "bench.json"
+    p = _run("--op-type", "write", "--buffer-size", "64M", "--max-buffer", "256M", "--iters", "2", "--warmup", "1",
+             "--json", str(out), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "64M segments: 4 per iteration, not 256, to stay within --max-buffer 256M" in p.stderr
+    assert "baseline: plain TCP sockets moving the same bytes" in p.stderr
+    (r,) = json.loads(out.read_text())
+    assert r["segment_bytes"] == 64 << 20 and r["segments"] == 4 and r["verified"] is True
+
+
 @pytest.mark.parametrize("backend", ["rdma", "xgmi"])
 def test_unimplemented_backend_is_refused(backend):
     p = _run("--backend", backend, "--iters", "1", timeout=60)
