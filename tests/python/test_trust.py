@@ -29,6 +29,15 @@ from mori_torch.io import (
 SECRET = "correct horse battery staple"
 
 
+def wait_for_log(path, *needles, timeout_s=10.0):
+    """Waits until the file at `path` holds every needle: the engine logs
+    asynchronously, so a line may land just after the event it reports."""
+    deadline = time.time() + timeout_s
+    while not all(n in path.read_text() for n in needles):
+        assert time.time() < deadline, path.read_text()
+        time.sleep(0.05)
+
+
 def engine_with(secret, prefix="init", **tcp):
     e = IOEngine(unique_key(prefix), IOEngineConfig("127.0.0.1", 0, secret=secret))
     e.create_backend(BackendType.TCP, TcpBackendConfig(**tcp))
@@ -118,12 +127,7 @@ def test_unauthenticated_peers_get_nothing(guarded):
     s.close()
 
     assert tgt.call("get", (0, 1 << 16)) == before
-    # The target's logging is asynchronous: its last lines may land just after.
-    deadline = time.time() + 10
-    needles = ("refused connection from 127.0.0.1", "claiming to be 'made-up'", "authentication failed")
-    while not all(n in tgt.log.read_text() for n in needles):
-        assert time.time() < deadline, tgt.log.read_text()
-        time.sleep(0.05)
+    wait_for_log(tgt.log, "refused connection from 127.0.0.1", "claiming to be 'made-up'", "authentication failed")
 
 
 def test_python_handshake_agrees_and_handles_need_their_token(guarded):
@@ -194,10 +198,7 @@ def test_wrong_or_missing_secret_on_the_initiator(guarded, initiator_secret, nee
             init.create_session(ld, tgt.mem_desc)
         assert tgt.call("get", (0, 4096)) == before
         # The target logs once it has read our refusal: maybe just after we failed.
-        deadline = time.time() + 10
-        while needle_there not in tgt.log.read_text():
-            assert time.time() < deadline, tgt.log.read_text()
-            time.sleep(0.05)
+        wait_for_log(tgt.log, needle_there)
     finally:
         init.shutdown()
 
@@ -222,7 +223,7 @@ def test_missing_secret_on_the_target(tmp_path):
         assert st.WaitFor(20000) == StatusCode.ERR_BAD_STATE
         assert "has no secret configured" in st.Message()
         assert tgt.call("get", (0, 4096)) == bytes(4096)
-        assert "has no secret configured" in log.read_text()
+        wait_for_log(log, "has no secret configured")
     finally:
         init.shutdown()
         tgt.close()
