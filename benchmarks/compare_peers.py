@@ -705,6 +705,7 @@ def plot(report: dict, path: str) -> Optional[str]:
         row[0].set_ylabel("GB/s (payload)")
         row[0].set_title(f"{mem} memory: throughput")
         row[1].set_xticks([k + 0.4 - width / 2 for k in range(len(lat))], lat)
+        row[1].set_yscale("log")
         row[1].set_ylabel("p50 µs")
         row[1].set_title(f"{mem} memory: latency")
         row[0].legend(fontsize=8)
@@ -745,7 +746,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--json", help="write the report (JSON) here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     ap.add_argument("--markdown", help="write the markdown table here")
+    ap.add_argument("--from-json", metavar="PATH", help="run nothing: print the table (and --plot) of a saved report")
     args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            report = json.load(f)
+        return write_outputs(report, args)
     import torch
 
     mems = args.mem or (["gpu", "cpu"] if torch.cuda.is_available() else ["cpu"])
@@ -768,9 +774,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"   {rec['status']}: {rec.get('detail', '').strip().splitlines()[-1] if rec.get('detail') else ''}",
                       file=sys.stderr, flush=True)
     add_ratios(report["results"])
+    return write_outputs(report, args)
+
+
+def write_outputs(report: dict, args) -> int:
     table = markdown(report)
     print(table)
-    if args.json:
+    if args.json and not args.from_json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
