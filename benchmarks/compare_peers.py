@@ -740,7 +740,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--lat-samples", type=int, default=1000, help="4 KiB reads timed for the latency distribution (default: 1000)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls per workload (default: 3)")
     ap.add_argument("--device", type=int, default=0, help="GPU of both processes (default: 0)")
-    ap.add_argument("--mooncake-gpu-protocol", default="nvlink", help="Mooncake's protocol argument on GPU memory (default: nvlink)")
+    ap.add_argument("--mooncake-gpu-protocol", default="rdma",
+                    help="Mooncake's protocol argument on GPU memory; MC_INTRANODE_NVLINK=1 picks the intra-node NVLink "
+                    "transport whatever it says (default: rdma, as Mooncake's own intra-NVLink check passes)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one library's run may take (default: 300)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", help="write the report (JSON) here")
