@@ -656,8 +656,9 @@ def markdown(report: dict) -> str:
         out.append("|---|---|" + "---|" * len(names))
         for r in rows:
             if r["status"] != "ok":
-                out.append(f"| {r['library']} | {r['status']}: {r.get('detail', '').splitlines()[-1][:80] if r.get('detail') else ''} |"
-                           + " |" * len(names))
+                why = r["detail"].strip().splitlines()[-1] if r.get("detail") else ""
+                why = why if len(why) <= 100 else why[:99] + "…"
+                out.append(f"| {r['library']} | {r['status']}: {why} |" + " |" * len(names))
                 continue
             by = {w["workload"]: w for w in r["workloads"]}
             cells = []

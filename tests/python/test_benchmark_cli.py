@@ -101,28 +101,21 @@ def test_gpu_memory_without_gpu_is_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 @pytest.mark.parametrize("op", ["read", "write"])
-def test_gpu_memory_over_tcp(tmp_path, op):
+@pytest.mark.parametrize("backend", ["tcp", "xgmi"])
+def test_gpu_memory(tmp_path, backend, op):
+    # tcp: GPU memory through staging buffers, socket baseline; xgmi: GPU
+    # peers (cuda:1 as the target where there are two GPUs), copy_ baseline.
     out = tmp_path / "bench.json"
     p = _run(
-        "--mem-type", "gpu", "--op-type", op, "--buffer-size", "1M", "--transfer-batch-size", "8",
-        "--enable-batch-transfer", "--shuffle", "--iters", "3", "--warmup", "1", "--json", str(out),
+        "--backend", backend, "--mem-type", "gpu", "--op-type", op, "--buffer-size", "256K",
+        "--transfer-batch-size", "8", "--enable-batch-transfer", "--enable-sess", "--shuffle", "--iters", "3",
+        "--warmup", "1", "--json", str(out),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     (r,) = json.loads(out.read_text())
-    assert r["mem"] == "gpu" and r["op"] == op and r["verified"] is True and r["gbps"] > 0
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
-@pytest.mark.parametrize("op", ["read", "write"])
-def test_xgmi_gpu_peers(tmp_path, op):
-    out = tmp_path / "bench.json"
-    p = _run(
-        "--backend", "xgmi", "--op-type", op, "--buffer-size", "256K", "--transfer-batch-size", "64",
-        "--enable-batch-transfer", "--enable-sess", "--shuffle", "--iters", "5", "--warmup", "1", "--json", str(out),
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "baseline: torch copy_ of the same bytes between cuda:" in p.stderr
-    (r,) = json.loads(out.read_text())
-    assert r["backend"] == "xgmi" and r["mem"] == "gpu" and r["op"] == op and r["verified"] is True
-    assert r["baseline"]["kind"] == "torch_copy" and r["baseline_gbps"] > 0
+    assert r["backend"] == backend and r["mem"] == "gpu" and r["op"] == op and r["verified"] is True
+    assert r["baseline"]["kind"] == ("torch_copy" if backend == "xgmi" else "socket_loopback")
+    assert r["gbps"] > 0 and r["baseline_gbps"] > 0
     assert r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
+    if backend == "xgmi":
+        assert "baseline: torch copy_ of the same bytes between cuda:" in p.stderr
