@@ -936,7 +936,8 @@ def run(args, argv: Sequence[str]) -> List[dict]:
                 batch=bool(args.enable_batch_transfer),
                 shuffle=bool(args.shuffle),
                 notifications=not args.no_notification,
-                engine_stripes=engine_stripes(case.total, args.num_data_conns) if args.enable_batch_transfer or case.n == 1 else None,
+                engine_stripes=engine_stripes(case.total, args.num_data_conns)
+                if args.backend == "tcp" and (args.enable_batch_transfer or case.n == 1) else None,
                 verified=verified,
                 machine=machine,
                 command=list(argv),

@@ -73,7 +73,7 @@ peers() {
   else
     echo "== peers: no wheels in .peer_wheels/ (run scripts/slim_peer_wheels.py here first): mori_torch only"
   fi
-  PYTHONPATH=$site:$PYTHONPATH step compare_peers python3 benchmarks/compare_peers.py --mem gpu cpu \
+  PYTHONPATH=$site:$PYTHONPATH step compare_peers python3 benchmarks/compare_peers.py --mem gpu cpu --timeout 150 \
     --json "$OUT/peers_$gpu.json" --plot "$OUT/peers_$gpu.png" --markdown "$OUT/peers_$gpu.md"
   cat "$OUT/peers_$gpu.md" 2>/dev/null
 }

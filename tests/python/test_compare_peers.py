@@ -109,3 +109,25 @@ def test_permutation_leaves_no_adjacent_pages():
         p = compare_peers.permutation(n, 11)
         assert sorted(p) == list(range(n))
         assert all(p[i + 1] != p[i] + 1 for i in range(n - 1))
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_memory_paths(tmp_path):
+    # mori_torch's XGMI path and any peer installed here, against torch copy_.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    out = tmp_path / "peers.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare_peers.py"), "--mem", "gpu", "--quick", "--iters", "3",
+         "--lat-samples", "50", "--json", str(out)],
+        cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(out.read_text())
+    by = {r["library"]: r for r in rep["results"]}
+    assert "socket" not in by and rep["baseline"]["gpu"] == "torch_copy"
+    for lib in ("mori_torch", "torch_copy", "torch_gather"):
+        assert by[lib]["status"] == "ok", by[lib]
+        assert all(w["verified"] and w["baseline"] == "torch_copy" for w in by[lib]["workloads"])
+    for lib in ("nixl", "mooncake"):
+        assert by[lib]["status"] in ("ok", "not installed", "unavailable"), by[lib]
