@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m mori_torch.benchmark",
         description="Benchmark mori_torch transfers between two processes on this machine, "
-        "each figure next to a socket-loopback baseline measured in the same run.",
+        "each figure next to a baseline measured in the same run (socket loopback; torch copy_ for xgmi).",
     )
     g = p.add_argument_group("MORI-IO benchmark flags")
     g.add_argument("--backend", choices=ALL_BACKENDS, default="tcp",
@@ -935,7 +935,7 @@ def run(args, argv: Sequence[str]) -> List[dict]:
                 sess=bool(args.enable_sess),
                 batch=bool(args.enable_batch_transfer),
                 shuffle=bool(args.shuffle),
-                notifications=not args.no_notification,
+                notifications=not args.no_notification and args.backend != "xgmi",
                 engine_stripes=engine_stripes(case.total, args.num_data_conns)
                 if args.backend == "tcp" and (args.enable_batch_transfer or case.n == 1) else None,
                 verified=verified,
