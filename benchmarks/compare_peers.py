@@ -207,10 +207,8 @@ class Nixl:
     def __init__(self, mem: str, cfg: dict):
         import torch  # noqa: F401  (NIXL's notes: torch first)
 
-        try:
-            from nixl_cu13 import nixl_agent, nixl_agent_config
-        except ImportError as e:
-            raise Unavailable(f"nixl_cu13 does not import: {e}") from None
+        api = _import_peer("nixl_cu13")
+        nixl_agent, nixl_agent_config = api.nixl_agent, api.nixl_agent_config
         self.agent = nixl_agent(f"peers-{os.getpid()}", nixl_agent_config(backends=["UCX"]))
         self.dev = cfg["device"]
 
@@ -267,11 +265,7 @@ class Nixl:
 
 class Mooncake:
     def __init__(self, mem: str, cfg: dict):
-        try:
-            from mooncake.engine import TransferEngine
-        except ImportError as e:
-            raise Unavailable(f"mooncake.engine does not import: {e}") from None
-        self.te = TransferEngine()
+        self.te = _import_peer("mooncake.engine").TransferEngine()
         protocol = cfg["mooncake_gpu_protocol"] if mem == "gpu" else "tcp"
         rc = self.te.initialize(HOST, "P2PHANDSHAKE", protocol, "")
         if rc != 0:
@@ -462,6 +456,17 @@ class TorchLocal:
         if self.gather or (poll and self.dst.is_cuda):
             return remote_idx
         return list(range(len(local_idx)))
+
+
+def _import_peer(module: str):
+    """The peer's module; one that is installed but cannot load here (e.g.
+    Mooncake without libcuda) makes the library unavailable, not failed."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise Unavailable(f"{module} does not import: {e}") from None
 
 
 def _dist_version(dist: str) -> str:
