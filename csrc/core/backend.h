@@ -114,11 +114,4 @@ class Backend {
 // an unavailable backend. Defined with the backends (csrc/backends).
 std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& config, const BackendContext& ctx);
 
-// Reads `name` from `config` (default when absent) and checks the range;
-// throws Error(ERR_INVALID_ARGS) naming the backend, key and value.
-int64_t ConfigValue(const BackendConfig& config, const char* backend, const std::string& name, int64_t def,
-                    int64_t min, int64_t max);
-// Throws if `config` holds a key not in `known`.
-void CheckConfigKeys(const BackendConfig& config, const char* backend, const std::vector<std::string>& known);
-
 }  // namespace mori_torch

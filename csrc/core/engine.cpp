@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/config_table.h"
 #include "core/byte_io.h"
 #include "core/crypto.h"
 #include "core/logging.h"
@@ -82,9 +83,9 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   ctx_.watch_remote_memory = [this](const MemoryDesc& d) { WatchRemoteMemory(d); };
   loop_ = std::make_unique<EventLoop>(cfg_.loop_threads);
   ctx_.loop = loop_.get();
-  if (const char* v = std::getenv("MORI_TORCH_FRAME_TIMEOUT_MS")) {
-    int ms = std::atoi(v);
-    if (ms > 0) cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
+  if (config::EnvIsSet("MORI_TORCH_FRAME_TIMEOUT_MS")) {
+    const int ms = static_cast<int>(config::EnvInt("MORI_TORCH_FRAME_TIMEOUT_MS"));
+    cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
   }
   server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control, loop_.get());
   desc_.port = server_->Start(desc_.host, cfg.port);
@@ -333,9 +334,7 @@ void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>&
       // Refused: the watcher's engine is gone, and its mappings with it (an
       // engine closes them when it shuts down). Anything else (a hung peer)
       // deserves a warning: it may still hold a mapping.
-      const std::string what = e.what();
-      const bool gone = what.find(std::strerror(ECONNREFUSED)) != std::string::npos ||
-                        what.find("engine restarted") != std::string::npos;
+      const bool gone = e.sys_errno() == ECONNREFUSED || e.cause() == ErrorCause::kPeerRestarted;
       if (gone) {
         MORI_LOG(Info, "engine '" << desc_.key << "': engine '" << n.to.key << "' that mapped " << n.ids.size()
                                   << " deregistered memory region(s) is gone: " << e.what());

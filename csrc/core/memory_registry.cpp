@@ -96,7 +96,7 @@ bool MemoryRegistry::Remove(MemoryId id) {
     map_.erase(it);
   }
   m->Retire();  // outside the lock: waits for running I/O only
-  RunRemovalHooks(m->desc);
+  RunRemovalHooks({m});
   return true;
 }
 
@@ -109,9 +109,9 @@ std::vector<std::shared_ptr<LocalMemory>> MemoryRegistry::Clear() {
   std::vector<std::shared_ptr<LocalMemory>> out;
   for (auto& kv : all) {
     kv.second->Retire();
-    RunRemovalHooks(kv.second->desc);
     out.push_back(std::move(kv.second));
   }
+  if (!out.empty()) RunRemovalHooks(out);
   return out;
 }
 
@@ -126,9 +126,9 @@ void MemoryRegistry::RemoveRemovalHook(uint64_t token) {
   hooks_.erase(token);
 }
 
-void MemoryRegistry::RunRemovalHooks(const MemoryDesc& d) {
+void MemoryRegistry::RunRemovalHooks(const std::vector<std::shared_ptr<LocalMemory>>& retired) {
   std::shared_lock<std::shared_mutex> lk(hooks_mu_);
-  for (auto& kv : hooks_) kv.second(d);
+  for (auto& kv : hooks_) kv.second(retired);
 }
 
 std::string CheckRange(const MemoryDesc& d, uint64_t offset, uint64_t size, const char* side) {

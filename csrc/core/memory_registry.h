@@ -81,9 +81,11 @@ class MemoryUse {
 
 class MemoryRegistry {
  public:
-  // Called after a registration is retired (no local I/O uses it any more),
-  // so backends can drop what they derived from it (NIC registrations, ...).
-  using RemovalHook = std::function<void(const MemoryDesc&)>;
+  // Called after registrations are retired (no local I/O uses them any
+  // more): once per Remove with its one entry, once per Clear with all. So
+  // backends drop what they derived from them (NIC registrations ...) and
+  // take them back from the peers that mapped them, all in one go.
+  using RemovalHook = std::function<void(const std::vector<std::shared_ptr<LocalMemory>>& retired)>;
   // Returns a token for RemoveRemovalHook.
   uint64_t AddRemovalHook(RemovalHook hook);
   // After it returns, the hook is not running and will not run again.
@@ -113,7 +115,7 @@ class MemoryRegistry {
   std::vector<std::shared_ptr<LocalMemory>> Clear();
 
  private:
-  void RunRemovalHooks(const MemoryDesc& d);
+  void RunRemovalHooks(const std::vector<std::shared_ptr<LocalMemory>>& retired);
 
   mutable std::shared_mutex mu_;
   std::string owner_key_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/config_table.h"
 #include "core/logging.h"
 #include "gpu/stream_ops.h"
 
@@ -13,14 +14,13 @@ namespace mori_torch {
 namespace xgmi {
 
 XgmiConfig XgmiConfig::FromMap(const BackendConfig& m) {
-  constexpr const char* kName = "XgmiBackendConfig";
-  CheckConfigKeys(m, kName, {"num_streams", "num_events", "kernel_min_segments", "kernel_max_avg_bytes"});
+  constexpr const char* kName = "XgmiBackendConfig";  // defaults and ranges: base/config_table.cpp
+  config::CheckKnownKeys(m, kName);
   XgmiConfig c;
-  c.num_streams = ConfigValue(m, kName, "num_streams", c.num_streams, 1, 1024);
-  c.num_events = ConfigValue(m, kName, "num_events", c.num_events, 1, 1 << 16);
-  c.kernel_min_segments = ConfigValue(m, kName, "kernel_min_segments", c.kernel_min_segments, 1, INT32_MAX);
-  c.kernel_max_avg_bytes =
-      ConfigValue(m, kName, "kernel_max_avg_bytes", c.kernel_max_avg_bytes, 1, INT64_C(1) << 40);
+  c.num_streams = config::Value(m, kName, "num_streams");
+  c.num_events = config::Value(m, kName, "num_events");
+  c.kernel_min_segments = config::Value(m, kName, "kernel_min_segments");
+  c.kernel_max_avg_bytes = config::Value(m, kName, "kernel_max_avg_bytes");
   return c;
 }
 

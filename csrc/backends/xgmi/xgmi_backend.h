@@ -32,16 +32,17 @@
 namespace mori_torch {
 namespace xgmi {
 
+// FromMap sets every field; defaults, ranges and docs: base/config_table.cpp.
 struct XgmiConfig {
-  int64_t num_streams = 64;
-  int64_t num_events = 64;
+  int64_t num_streams{};
+  int64_t num_events{};
   // Batches with at least this many segments (after merging) use the copy
   // kernel; fewer go to the copy engines...
-  int64_t kernel_min_segments = 8;  // 2 x H200 grid: 4 lost at 1-4 MiB x 4
+  int64_t kernel_min_segments{};  // 2 x H200 grid: 4 lost at 1-4 MiB x 4
   // ...and so do batches whose segments average at least this many bytes.
   // Both measured (kernel vs copy engines over count x size): see the XGMI
   // section of docs/BENCHMARK.md and `benchmarks/bench_xgmi.py --grid`.
-  int64_t kernel_max_avg_bytes = 8 << 20;
+  int64_t kernel_max_avg_bytes{};
   static XgmiConfig FromMap(const BackendConfig& m);
 };
 
