@@ -1,5 +1,6 @@
 #include "core/memory_registry.h"
 
+#include "core/byte_io.h"
 #include "core/crypto.h"
 
 namespace mori_torch {
@@ -79,6 +80,27 @@ std::shared_ptr<LocalMemory> MemoryRegistry::FindForPeer(MemoryId id, Incarnatio
   // The same answer for an unknown id and a wrong token: nothing to probe.
   if (!m) *msg = "memory " + std::to_string(id) + " is not registered with engine '" + owner_key_ + "' (deregistered?)";
   return m;
+}
+
+std::shared_ptr<LocalMemory> MemoryRegistry::FindByRef(const std::vector<uint8_t>& payload, const char* what) const {
+  ByteReader r(payload.data(), payload.size(), what);
+  const uint64_t id = r.Get<uint64_t>("memory id");
+  const Incarnation incarnation = r.Get<uint64_t>("incarnation");
+  MemoryToken token;
+  r.GetBytes(token.data(), token.size(), "token");
+  r.ExpectEnd();
+  std::string msg;
+  auto m = FindForPeer(id, incarnation, token, &msg);
+  if (!m) throw Error(StatusCode::ERR_NOT_FOUND, msg);
+  return m;
+}
+
+std::vector<uint8_t> EncodeMemoryRef(const MemoryDesc& d) {
+  ByteWriter w;
+  w.Put<uint64_t>(d.id);
+  w.Put<uint64_t>(d.incarnation);
+  w.PutBytes(d.token.data(), d.token.size());
+  return w.bytes();
 }
 
 std::string EngineRestartedMessage(const std::string& key, Incarnation wanted, Incarnation current) {

@@ -104,6 +104,10 @@ class MemoryRegistry {
   // ERR_NOT_FOUND message: "engine restarted", or not registered).
   std::shared_ptr<LocalMemory> FindForPeer(MemoryId id, Incarnation incarnation, const MemoryToken& token,
                                            std::string* msg) const;
+  // The registration a peer's request payload names (EncodeMemoryRef);
+  // throws Error: ERR_INVALID_ARGS for a malformed payload (`what` names
+  // it), ERR_NOT_FOUND as FindForPeer.
+  std::shared_ptr<LocalMemory> FindByRef(const std::vector<uint8_t>& payload, const char* what) const;
   // The engine whose memories these are (named in FindForPeer's messages).
   void SetOwner(const std::string& key, Incarnation incarnation) {
     owner_key_ = key;
@@ -126,6 +130,10 @@ class MemoryRegistry {
   std::map<uint64_t, RemovalHook> hooks_;
   std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> map_;
 };
+
+// Payload of a request that names one of an engine's memories (MemLookup,
+// MemWatch): id, owner incarnation, token.
+std::vector<uint8_t> EncodeMemoryRef(const MemoryDesc& d);
 
 // The message of a request aimed at an earlier process of engine `key`.
 std::string EngineRestartedMessage(const std::string& key, Incarnation wanted, Incarnation current);

@@ -55,6 +55,11 @@ XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg
     throw Error(StatusCode::ERR_BAD_STATE, gpu::Compiled() ? "create_backend(XGMI): no GPU is visible"
                                                             : "create_backend(XGMI): this build has no GPU support");
   }
+  ownership_ = FindService<MemoryOwnership>(ctx_);
+  if (!ownership_) throw Error(StatusCode::ERR_BAD_STATE, "create_backend(XGMI): the engine has no memory ownership");
+  ownership_->SetRevoker([this](const std::string& owner, const std::vector<MemoryId>& ids) {
+    RevokeRemoteMemory(owner, ids);
+  });
   completion_thread_ = std::thread([this] { CompletionLoop(); });
 }
 
@@ -393,6 +398,7 @@ void XgmiBackend::CompletionLoop() {
 
 void XgmiBackend::Shutdown() {
   if (shut_.exchange(true)) return;
+  ownership_->SetRevoker(nullptr);  // waits for a revocation in progress
   {
     // The completion thread checks shut_ under this mutex: no lost wake-up.
     std::lock_guard<std::mutex> lk(pending_mu_);
@@ -542,7 +548,7 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
   }
   // First use of this memory: become a watcher (one control round trip, which
   // also checks the descriptor against the owner's registration), then map.
-  backend_->ctx().watch_remote_memory(d);
+  backend_->ownership().Watch(d);
   std::lock_guard<std::mutex> lk(map_mu_);
   if (revoked_.count(d.id)) throw revoked();
   auto it = mapped_.find(d.id);

@@ -5,11 +5,11 @@
 // to one gather/scatter kernel launch reading its list from device memory.
 // Completion: an event per transfer, polled by the status (Code/Wait) and by
 // a completion thread, so statuses end even if nobody polls.
-// Revocation: before it first maps a memory, a peer registers with the owner
-// as a watcher; when the owner deregisters it, the peer refuses further
-// transfers to it, waits for the copies in flight and closes the mapping
-// before acknowledging, so the owner's deregister_memory returns only once
-// nothing here can write into that memory.
+// Revocation (xgmi_ownership.h): before it first maps a memory, a peer
+// registers with the owner as a watcher; when the owner deregisters it, the
+// peer refuses further transfers to it, waits for the copies in flight and
+// closes the mapping before acknowledging, so the owner's deregister_memory
+// returns only once nothing here can write into that memory.
 #pragma once
 
 #include <atomic>
@@ -25,6 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backends/xgmi/xgmi_ownership.h"
 #include "core/backend.h"
 #include "core/peer_cache.h"
 #include "gpu/gpu_runtime.h"
@@ -144,7 +145,9 @@ class XgmiBackend : public Backend {
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   void RemovePeer(const std::string& key, const std::string& reason) override;
-  void RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids) override;
+  // Owner `owner_key` deregistered `ids` (MemoryOwnership's revoker): later
+  // transfers to them fail, and when this returns no copy of ours touches them.
+  void RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids);
   void Shutdown() override;
   // Waits until every copy enqueued so far on this backend's streams ran.
   void DrainCopies();
@@ -156,6 +159,7 @@ class XgmiBackend : public Backend {
   // cut so that a batch of few large segments still fills the device.
   static uint64_t KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups);
   const BackendContext& ctx() const { return ctx_; }
+  MemoryOwnership& ownership() { return *ownership_; }
   bool shut_down() const { return shut_.load(); }
 
  private:
@@ -176,6 +180,7 @@ class XgmiBackend : public Backend {
 
   const XgmiConfig cfg_;
   const BackendContext ctx_;
+  std::shared_ptr<MemoryOwnership> ownership_;
   std::atomic<bool> shut_{false};
 
   std::mutex dev_mu_;
