@@ -37,6 +37,7 @@ __all__ = [
     "LayerTable",
     "PageTables",
     "StaticPageTables",
+    "PullsAhead",
     "layer_pages",
     "pull_layer",
 ]
@@ -265,6 +266,57 @@ def pull_layer(handle: int, memory: torch.Tensor, table: LayerTable) -> None:
         ops.batch_read(handle, memory, table.local, table.remote, table.sizes)
 
 
+class PullsAhead:
+    """A step's per-layer pulls, enqueued all at once on a side stream so
+    that later layers' pulls overlap earlier layers' compute (GPU memory).
+
+    ``start`` forks the side stream from the current stream (so the pulls
+    see everything enqueued before) and enqueues every layer's pull there in
+    the given order, recording one event per layer; ``wait(layer)`` makes
+    the current stream wait for that layer's pages only; ``finish`` joins
+    whatever was not waited for. All three are capturable: inside a CUDA
+    graph capture the side stream forks from and joins the capturing stream.
+    The tables must stay alive (and unchanged) until the pulls ran."""
+
+    def __init__(self, device: Union[str, torch.device, None] = None):
+        self.stream = torch.cuda.Stream(device)
+        self._events: Dict[str, torch.cuda.Event] = {}
+        self._last: Optional[torch.cuda.Event] = None
+
+    def start(self, pulls: Sequence[Tuple[int, torch.Tensor, Mapping[str, LayerTable]]],
+              layers: Sequence[str]) -> None:
+        """``pulls``: (session handle, local memory, layer -> LayerTable)
+        per remote engine; ``layers``: the order the forward pass uses them."""
+        self.finish()
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            for name in layers:
+                for handle, memory, tables in pulls:
+                    if name in tables:
+                        pull_layer(handle, memory, tables[name])
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+                self._events[name] = self._last = ev
+
+    def wait(self, layer: str) -> bool:
+        """The current stream waits for ``layer``'s pull; False if it was not started."""
+        ev = self._events.pop(layer, None)
+        if ev is None:
+            return False
+        torch.cuda.current_stream(self.stream.device).wait_event(ev)
+        if ev is self._last:  # the side stream's last work: everything is joined
+            self._events.clear()
+            self._last = None
+        return True
+
+    def finish(self) -> None:
+        """Joins the side stream's pulls that no layer waited for."""
+        if self._last is not None:
+            torch.cuda.current_stream(self.stream.device).wait_event(self._last)
+        self._events.clear()
+        self._last = None
+
+
 def _as_ids(name: str, ids: BlockIds, limit: int) -> torch.Tensor:
     t = ids if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.int64)
     t = t.to(device="cpu", dtype=torch.int64).reshape(-1)
@@ -358,6 +410,9 @@ class StaticPageTables:
 
     def __getitem__(self, layer: str) -> LayerTable:
         return self._tables[layer]
+
+    def __contains__(self, layer: str) -> bool:
+        return layer in self._tables
 
     def set(self, local_ids: BlockIds, remote_ids: BlockIds) -> None:
         """Fills the tables with this step's blocks (the rest padded).
