@@ -1,7 +1,7 @@
 """Drop-in replacement for AMD's ``mori.io``.
 
 Same class, enum, method and argument names, defaults and semantics as
-MORI-IO (see shared/reference/MORI_IO_API.md), over the TorchScript classes
+MORI-IO (see docs/MORI_IO_API.md), over the TorchScript classes
 ``torch.classes.mori.*``. Code written for MORI-IO runs after changing only
 the import::
 
