@@ -85,7 +85,7 @@ class Engine : public ControlPlaneDelegate {
   // Completion notices and watch requests dropped because their tables were full.
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
   uint64_t RefusedWatchers() const { return refused_watchers_.load(); }
-  // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
+  // nullptr entries are skipped. See docs/MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
 
   // ControlPlaneDelegate
