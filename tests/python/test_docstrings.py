@@ -4,9 +4,11 @@ docstring that help() shows. The walk covers each public module's __all__
 member a class defines itself.
 
 The TorchScript classes (torch.classes.mori.*) are covered as far as torch
-allows: torch's custom classes keep no docstring reachable from Python (their
-methods are ScriptMethods whose __doc__ is None whatever the C++ side passes),
-so their documentation is the Python API of mori_torch.io that wraps them."""
+allows, which is not at all: torch's custom classes give Python no place for a
+docstring. The class object (torch.ScriptClass) lists no methods, and a method
+of an instance is a ScriptMethod whose __doc__ is None (it shows only its
+name, owner and schema). Their documentation is the Python API of
+mori_torch.io that wraps them, walked here."""
 import enum
 import importlib
 import inspect
