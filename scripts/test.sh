@@ -54,7 +54,8 @@ timeout -k 10 1200 tests/rdma_vm/run_ctest.sh build/cmake
 scripts/check_hip.sh
 
 # pytest's own tmp_path directories (kept by design for debugging) go to
-# build/pytest-tmp, outside the leftover check.
+# build/pytest-tmp, outside the leftover check (pytest makes only the last level).
+mkdir -p build/pytest-tmp
 "$VENV/bin/python" -m pytest -q -ra --timeout=600 --basetemp="$PWD/build/pytest-tmp/python" tests/python "$@"
 
 if "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
