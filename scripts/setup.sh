@@ -113,7 +113,7 @@ else
   rm -f "$KEY_FILE"
   jobs=${MAX_JOBS:-$(nproc)}
   step "building the mori_torch extension with $jobs jobs (log: $LOG_DIR/build.log)" \
-    "about $((200 / jobs + 30)) s with the CUDA torch"
+    "about $((200 / jobs + 30)) s on $jobs idle cores with the CUDA torch, longer on a busy machine"
   # --no-build-isolation: compile against the torch just installed, not a fresh one.
   MAX_JOBS=$jobs quietly "$LOG_DIR/build.log" "$VENV/bin/pip" install --disable-pip-version-check \
     --no-build-isolation --no-deps -e .
