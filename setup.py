@@ -94,7 +94,6 @@ ext = Extension(
 )
 
 
-
 def read_version():
     # Read, not imported: importing mori_torch needs the extension being built.
     with open(os.path.join(ROOT, "mori_torch", "_version.py")) as f:
