@@ -90,6 +90,16 @@ else
   quietly "$LOG_DIR/pip.log" "$VENV/bin/pip" install --disable-pip-version-check "${reqs[@]:3}"
   step_done
 fi
+# NIXL for benchmarks/compare_peers.py's host-memory test (its UCX runs over TCP
+# without a GPU), in its own directory so that nothing else imports it.
+if PYTHONPATH="$VENV/peers" satisfied nixl-cu13==1.5.1; then
+  echo "==> pip: nixl-cu13==1.5.1 already in $VENV/peers"
+else
+  step "pip: installing nixl-cu13==1.5.1 into $VENV/peers" "under a minute"
+  quietly "$LOG_DIR/pip.log" "$VENV/bin/pip" install --disable-pip-version-check --no-deps --upgrade \
+    --target "$VENV/peers" nixl-cu13==1.5.1
+  step_done
+fi
 
 # The extension's build key: everything its compiled code depends on (the C++
 # sources and build files, the torch and Python it compiles against, the
