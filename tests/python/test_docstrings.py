@@ -21,7 +21,7 @@ import mori_torch
 # mori_torch.benchmark is a command line (`python -m mori_torch.benchmark
 # --help` documents it), not an API.
 MODULES = ["mori_torch", "mori_torch.io", "mori_torch.ops", "mori_torch.paged_kv", "mori_torch.rendezvous",
-           "mori_torch.rendezvous.etcd"]
+           "mori_torch.rendezvous.etcd", "mori_torch.config"]
 
 
 def public_names(module):
