@@ -124,12 +124,14 @@ class LayerPages:
         return (self.offset + block_ids.unsqueeze(1) * self.block_stride + segs.unsqueeze(0)).reshape(-1)
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of this layer's page geometry (from_dict reads it back)."""
         return {"offset": self.offset, "block_stride": self.block_stride, "seg_bytes": self.seg_bytes,
                 "seg_offsets": list(self.seg_offsets), "num_blocks": self.num_blocks,
                 "block_shape": self.block_shape}
 
     @staticmethod
     def from_dict(d: Mapping) -> "LayerPages":
+        """The LayerPages of a dict made by to_dict; ValueError naming what is wrong."""
         if not isinstance(d, Mapping):
             raise ValueError(f"a layer's pages must be a mapping, got {type(d).__name__}")
         try:
@@ -213,6 +215,7 @@ class KVLayout:
         return KVLayout(layers, memory.numel() * memory.element_size())
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the whole layout (from_dict reads it back)."""
         return {"memory_bytes": self.memory_bytes, "layers": {n: p.to_dict() for n, p in self.layers.items()}}
 
     @staticmethod
@@ -254,6 +257,7 @@ class LayerTable:
 
     @property
     def num_entries(self) -> int:
+        """How many (local, remote) page pairs the table holds."""
         return int(self.local.numel())
 
 
@@ -380,6 +384,7 @@ class PageTables:
         return layer in self._tables
 
     def layers(self) -> Iterable[str]:
+        """The names of the layers that have a table."""
         return self._tables.keys()
 
 

@@ -83,7 +83,8 @@ class BackendPeer {
   virtual void Submit(TransferOp op) = 0;
   virtual bool Alive() const = 0;
 
-  // Stream-ordered transfers (DESIGN §5). GPU-peer backends run them as work
+  // Stream-ordered transfers (docs/ARCHITECTURE.md, "Stream-ordered ops").
+  // GPU-peer backends run them as work
   // on the caller's stream; host-driven ones return false and are driven by
   // a doorbell (core/stream_doorbell.h) through Submit.
   virtual bool RunsOnStream() const { return false; }
