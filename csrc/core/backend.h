@@ -65,7 +65,7 @@ struct BackendContext {
   // True if `peer` is this engine or a registered remote engine, described
   // exactly as registered.
   std::function<bool(const EngineDesc& peer)> knows_engine;
-  int connect_timeout_ms = 5000;  // IOEngineConfig's, for connections of the engine's own
+  int connect_timeout_ms = 5000;  // the engine's, for connections a service opens itself
   // The engine's services (MakeEngineServices); see FindService.
   const std::vector<std::shared_ptr<EngineService>>* services = nullptr;
   // The engine's event loop, for backends that serve their inbound data
