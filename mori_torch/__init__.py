@@ -20,6 +20,7 @@ if _build_info.TORCH_VERSION != torch.__version__:
 
 from . import _C  # noqa: E402,F401  (registers torch.classes.mori.* and torch.ops.mori.*)
 from . import ops  # noqa: E402,F401  (fake implementations of torch.ops.mori.*)
+from . import log  # noqa: E402,F401  (native log levels, routing into Python's logging)
 
 __version__ = "0.1.0"
 

@@ -85,6 +85,8 @@ class Engine : public ControlPlaneDelegate {
   // Completion notices and watch requests dropped because their tables were full.
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
   uint64_t RefusedWatchers() const { return refused_watchers_.load(); }
+  // This engine's transfer counters as JSON (TransferStats::ToJson).
+  std::string StatsJson() const { return stats_.ToJson(desc_.key); }
   // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
 
@@ -100,6 +102,13 @@ class Engine : public ControlPlaneDelegate {
     std::shared_ptr<LocalMemory> local;
     std::shared_ptr<Backend> backend;
     std::shared_ptr<BackendPeer> peer;
+    std::shared_ptr<TransferCounters> counters;  // of (remote engine, backend)
+  };
+  // A registered remote engine and its counters (kept here so that a
+  // transfer finds them in the lookup it does anyway).
+  struct Remote {
+    EngineDesc desc;
+    std::shared_ptr<TransferStats::PeerCounters> counters;
   };
   // Resolves local memory, remote engine and backend; SUCCESS or an error
   // code with *msg.
@@ -134,6 +143,8 @@ class Engine : public ControlPlaneDelegate {
   // First, so that it outlives everything that watches sockets on it.
   std::unique_ptr<EventLoop> loop_;
   std::atomic<uint64_t> refused_watchers_{0};
+  TransferStats stats_;
+  std::shared_ptr<TransferStats::PeerCounters> self_counters_;  // transfers within this engine
   MemoryRegistry memory_;
   NotificationTable notices_;
   BackendContext ctx_;
@@ -143,7 +154,7 @@ class Engine : public ControlPlaneDelegate {
   std::array<std::shared_ptr<Backend>, 4> backends_;  // indexed by BackendType
 
   mutable std::shared_mutex remotes_mu_;
-  std::unordered_map<std::string, EngineDesc> remotes_;
+  std::unordered_map<std::string, Remote> remotes_;
   std::unordered_map<std::string, std::shared_ptr<ControlClient>> control_clients_;
 
   std::unique_ptr<ControlPlaneServer> server_;

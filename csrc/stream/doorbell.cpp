@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/logging.h"
+#include "core/thread_name.h"
 
 namespace mori_torch {
 namespace {
@@ -98,7 +99,12 @@ DoorbellService& DoorbellService::Instance() {
   return *service;
 }
 
-DoorbellService::DoorbellService() { thread_ = std::thread([this] { Loop(); }); }
+DoorbellService::DoorbellService() {
+  thread_ = std::thread([this] {
+    SetThreadName("mori-doorbell");
+    Loop();
+  });
+}
 
 void DoorbellService::Stop() {
   {

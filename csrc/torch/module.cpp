@@ -1,15 +1,20 @@
 // Makes the extension importable as mori_torch._C; importing it runs the
 // TORCH_LIBRARY registrations of the other files in this library: the
 // custom classes (classes.cpp) and the ops torch.ops.mori.* (ops_*.cpp).
-// Its one Python function turns the offset lists that serving engines pass
-// into int64 tensors in one pass in C (a few ns per entry), since the
-// TorchScript boundary converts a List[int] at about 20 ns per entry.
+// Its Python functions: log_route/log_drain, which hand native log lines to
+// Python's logging (mori_torch/log.py), and int64_tensor, which turns the
+// offset lists that serving engines pass into int64 tensors in one pass in C
+// (a few ns per entry), since the TorchScript boundary converts a List[int]
+// at about 20 ns per entry.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
+
+#include "core/logging.h"
 
 namespace {
 
@@ -69,7 +74,58 @@ PyObject* Int64Tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return THPVariable_Wrap(std::move(t));
 }
 
+// log_route(on): while on, native log lines wait for log_drain instead of
+// going to stderr (mori_torch/log.py routes them into Python's logging).
+PyObject* LogRoute(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  mori_torch::RouteLogToReader(on != 0);
+  Py_RETURN_NONE;
+}
+
+// log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file,
+// line, time_ms, message)], waiting up to timeout_ms (GIL released) for the
+// first line. Levels: 0 trace .. 5 critical.
+PyObject* LogDrain(PyObject*, PyObject* args) {
+  long long max_lines = 0, timeout_ms = 0;
+  if (!PyArg_ParseTuple(args, "LL", &max_lines, &timeout_ms)) return nullptr;
+  if (max_lines <= 0 || timeout_ms < 0) {
+    PyErr_Format(PyExc_ValueError, "log_drain: max_lines must be > 0 and timeout_ms >= 0, got %lld and %lld",
+                 max_lines, timeout_ms);
+    return nullptr;
+  }
+  std::vector<mori_torch::LogRecord> recs;
+  Py_BEGIN_ALLOW_THREADS;
+  recs = mori_torch::DrainLog(static_cast<size_t>(max_lines), static_cast<int>(timeout_ms));
+  Py_END_ALLOW_THREADS;
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(recs.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    PyObject* t = Py_BuildValue("(isssiLs#)", static_cast<int>(r.level), mori_torch::LogSubsystemName(r.subsystem),
+                                r.thread.c_str(), r.file ? r.file : "", r.line, static_cast<long long>(r.time_ms),
+                                r.msg.data(), static_cast<Py_ssize_t>(r.msg.size()));
+    if (t == nullptr) {
+      // A message that is not UTF-8 (bytes from a peer): replace, never fail.
+      PyErr_Clear();
+      PyObject* msg = PyUnicode_DecodeUTF8(r.msg.data(), static_cast<Py_ssize_t>(r.msg.size()), "replace");
+      t = msg ? Py_BuildValue("(isssiLN)", static_cast<int>(r.level), mori_torch::LogSubsystemName(r.subsystem),
+                              "", r.file ? r.file : "", r.line, static_cast<long long>(r.time_ms), msg)
+              : nullptr;
+    }
+    if (t == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
+  }
+  return out;
+}
+
 PyMethodDef kMethods[] = {
+    {"log_route", LogRoute, METH_O, "log_route(on): hold native log lines for log_drain (True) or write them to stderr."},
+    {"log_drain", LogDrain, METH_VARARGS,
+     "log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file, line, time_ms, message)]."},
     {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
      "int64_tensor(values, what) -> a CPU int64 tensor of the list or tuple of ints `values`; errors name `what`."},
     {nullptr, nullptr, 0, nullptr}};

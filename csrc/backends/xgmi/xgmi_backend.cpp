@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/logging.h"
+#include "core/thread_name.h"
 #include "gpu/stream_ops.h"
 
 namespace mori_torch {
@@ -55,7 +56,10 @@ XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg
     throw Error(StatusCode::ERR_BAD_STATE, gpu::Compiled() ? "create_backend(XGMI): no GPU is visible"
                                                             : "create_backend(XGMI): this build has no GPU support");
   }
-  completion_thread_ = std::thread([this] { CompletionLoop(); });
+  completion_thread_ = std::thread([this] {
+    SetThreadName("mori-xgmi-done");
+    CompletionLoop();
+  });
 }
 
 XgmiBackend::~XgmiBackend() { Shutdown(); }
