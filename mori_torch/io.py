@@ -243,7 +243,9 @@ def _index(name: str, v) -> int:
 
 
 def set_log_level(level) -> None:
-    """Sets the native log level: trace, debug, info, warning, error, critical or off."""
+    """Sets the native log level: trace, debug, info, warning, error, critical or off,
+    for every subsystem; a mori_torch extension also takes per-subsystem levels,
+    "info,tcp=debug" (mori_torch.log.set_level; docs/OBSERVABILITY.md)."""
     if not isinstance(level, str):
         raise TypeError(f"set_log_level: level must be a str, got {type(level).__name__}")
     _native.Engine.set_log_level(level)

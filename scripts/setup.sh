@@ -33,7 +33,8 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
 # etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous").
-"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7"
+# prometheus_client: mori_torch.metrics (IOEngineConfig(metrics_port=...)), as vLLM uses it.
+"$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7" "prometheus_client>=0.20"
 # --no-build-isolation: compile against the torch just installed, not a fresh one.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VENV/bin/pip" install -q --no-build-isolation -e .
 "$VENV/bin/python" -c "import mori_torch, torch; print('mori_torch built against torch', torch.__version__)"

@@ -96,8 +96,17 @@ struct Levels {
   }
 };
 
+void LogLineUnchecked(LogLevel level, const std::string& msg);
+
 Levels& LevelStore() {
-  static Levels* levels = new Levels();  // never destroyed: threads may log during exit
+  // Never destroyed: threads may log during exit.
+  static Levels* levels = [] {
+    auto* l = new Levels();
+    // A bad MORI_TORCH_LOG cannot throw where it is read (the first log
+    // site): it is reported once, whatever the levels.
+    if (!l->env_error.empty()) LogLineUnchecked(LogLevel::Warning, l->env_error);
+    return l;
+  }();
   return *levels;
 }
 
@@ -205,13 +214,6 @@ class LogSink {
 
   void WriterLoop() {
     SetThreadName("mori-log");
-    // A bad MORI_TORCH_LOG cannot throw where it is read (the first log
-    // site); it is reported here, once.
-    const std::string& env_error = LevelStore().env_error;
-    if (!env_error.empty()) {
-      const std::string line = "[mori_torch WARNING] " + env_error + "\n";
-      (void)!::write(STDERR_FILENO, line.data(), line.size());
-    }
     // A stderr whose reader went away must not kill the process with
     // SIGPIPE (a write from this thread raises it on this thread): blocked
     // here, the write fails with EPIPE and the line is lost.
@@ -348,10 +350,14 @@ bool LogSite::Allow(uint64_t* suppressed) {
   return true;
 }
 
-void LogLine(LogLevel level, const std::string& msg) {
+namespace {
+void LogLineUnchecked(LogLevel level, const std::string& msg) {
   static const LogOrigin unknown("");
   LogLine(level, unknown, 0, msg);
 }
+}  // namespace
+
+void LogLine(LogLevel level, const std::string& msg) { LogLineUnchecked(level, msg); }
 
 void LogLine(LogLevel level, const LogOrigin& origin, int line, const std::string& msg) {
   LogRecord r;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 namespace mori_torch {
 namespace {
@@ -34,6 +35,14 @@ std::string CodeName(int slot) {
 }
 
 }  // namespace
+
+bool StatsEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MORI_TORCH_STATS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
 
 int64_t StatsNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -119,7 +128,7 @@ std::shared_ptr<TransferStats::PeerCounters> TransferStats::ForPeer(const std::s
 
 std::shared_ptr<TransferCounters> TransferStats::Of(const std::shared_ptr<PeerCounters>& peer, BackendType type) {
   const int i = static_cast<int>(type);
-  if (!peer || i < 0 || i >= kBackendSlots) return nullptr;
+  if (!peer || i < 0 || i >= kBackendSlots || !StatsEnabled()) return nullptr;
   return std::shared_ptr<TransferCounters>(peer, &peer->by_backend[i]);  // aliasing: owns the peer's block
 }
 

@@ -88,6 +88,10 @@ struct TransferRecord {
   uint64_t trace_range = 0;  // gpu::TraceRangeStart's id, 0 for none
 };
 
+// False when MORI_TORCH_STATS=0 (read once): transfers skip the counters
+// (benchmarks/bench_stats.py measures what they cost).
+bool StatsEnabled();
+
 // Steady-clock nanoseconds.
 int64_t StatsNowNs();
 
@@ -105,7 +109,8 @@ class TransferStats {
   // the pointer (the engine's remote table, sessions) so transfers skip this
   // lookup.
   std::shared_ptr<PeerCounters> ForPeer(const std::string& key);
-  // The counters of one pair, sharing ownership with its PeerCounters.
+  // The counters of one pair, sharing ownership with its PeerCounters;
+  // null (transfers not counted) when MORI_TORCH_STATS=0.
   static std::shared_ptr<TransferCounters> Of(const std::shared_ptr<PeerCounters>& peer, BackendType type);
   TransferCounters& Unrouted() { return unrouted_; }
 

@@ -102,17 +102,18 @@ PyObject* LogDrain(PyObject*, PyObject* args) {
   if (out == nullptr) return nullptr;
   for (size_t i = 0; i < recs.size(); ++i) {
     const auto& r = recs[i];
-    PyObject* t = Py_BuildValue("(isssiLs#)", static_cast<int>(r.level), mori_torch::LogSubsystemName(r.subsystem),
-                                r.thread.c_str(), r.file ? r.file : "", r.line, static_cast<long long>(r.time_ms),
-                                r.msg.data(), static_cast<Py_ssize_t>(r.msg.size()));
-    if (t == nullptr) {
-      // A message that is not UTF-8 (bytes from a peer): replace, never fail.
-      PyErr_Clear();
-      PyObject* msg = PyUnicode_DecodeUTF8(r.msg.data(), static_cast<Py_ssize_t>(r.msg.size()), "replace");
-      t = msg ? Py_BuildValue("(isssiLN)", static_cast<int>(r.level), mori_torch::LogSubsystemName(r.subsystem),
-                              "", r.file ? r.file : "", r.line, static_cast<long long>(r.time_ms), msg)
-              : nullptr;
+    // Bytes a peer sent may reach a message: never fail on them.
+    PyObject* msg = PyUnicode_DecodeUTF8(r.msg.data(), static_cast<Py_ssize_t>(r.msg.size()), "replace");
+    PyObject* thread = PyUnicode_DecodeUTF8(r.thread.data(), static_cast<Py_ssize_t>(r.thread.size()), "replace");
+    if (msg == nullptr || thread == nullptr) {
+      Py_XDECREF(msg);
+      Py_XDECREF(thread);
+      Py_DECREF(out);
+      return nullptr;
     }
+    // "N" hands msg and thread over, also when building fails.
+    PyObject* t = Py_BuildValue("(isNsiLN)", static_cast<int>(r.level), mori_torch::LogSubsystemName(r.subsystem),
+                                thread, r.file ? r.file : "", r.line, static_cast<long long>(r.time_ms), msg);
     if (t == nullptr) {
       Py_DECREF(out);
       return nullptr;
