@@ -26,7 +26,7 @@ Series (labels ``engine``, ``backend``, ``peer``; ``peer`` is "" with
 from __future__ import annotations
 
 import weakref
-from typing import Dict, Iterable, List, Tuple
+from typing import Iterable, List, Tuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector

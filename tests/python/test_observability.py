@@ -7,12 +7,12 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 
 import pytest
 import torch
@@ -22,7 +22,6 @@ from mori_torch import log as mlog
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, StatusCode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _invariant(c):
@@ -75,11 +74,12 @@ def test_stats_match_the_transfers_made():
 
 def test_stats_count_refused_transfers_by_code():
     p = Pair(nbytes=1 << 16)
+    stranger = make_engine("stranger")
     try:
         bad = p.init.write(p.local_desc, 0, p.remote_desc, (1 << 16) - 4, 8, 1)  # past the remote end
         assert bad.WaitFor(5000) == StatusCode.ERR_INVALID_ARGS
-        stranger = MemoryDesc.unpack(make_engine("stranger").register_torch_tensor(torch.zeros(64, dtype=torch.uint8)).pack())
-        unknown = p.init.read(p.local_desc, 0, stranger, 0, 8, 2)  # engine never registered
+        far = MemoryDesc.unpack(stranger.register_torch_tensor(torch.zeros(64, dtype=torch.uint8)).pack())
+        unknown = p.init.read(p.local_desc, 0, far, 0, 8, 2)  # its engine was never registered
         assert unknown.WaitFor(5000) == StatusCode.ERR_NOT_FOUND
         wait_ok(p.init.write(p.local_desc, 0, p.remote_desc, 0, 8, 3))
         s = p.init.stats()
@@ -91,6 +91,7 @@ def test_stats_count_refused_transfers_by_code():
         _invariant(s["total"])
     finally:
         p.close()
+        stranger.shutdown()
 
 
 def _all_threads_stopped(pid):
@@ -147,91 +148,36 @@ def test_stats_in_flight_and_a_failed_transfer():
         target.close()
 
 
-# ---- Prometheus ------------------------------------------------------------
+# ---- GPU memory (XGMI) -------------------------------------------------------
 
-import prometheus_client  # noqa: E402  (scripts/setup.sh installs it)
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+def test_stats_count_gpu_transfers_under_their_backend():
+    from mori_torch.io import XgmiBackendConfig
 
-
-def _samples(text):
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def _sample(samples, name, **labels):
-    return samples[(name, tuple(sorted(labels.items())))]
-
-
-def test_collector_exposes_the_counters():
-    from mori_torch.metrics import EngineCollector
-
-    p = Pair(nbytes=1 << 16)
+    engines = []
+    for name in ("gpu-a", "gpu-b"):
+        e = IOEngine(unique_key(name), IOEngineConfig("127.0.0.1", 0))
+        e.create_backend(BackendType.XGMI, XgmiBackendConfig())
+        engines.append(e)
+    a, b = engines
     try:
-        for i in range(3):
-            wait_ok(p.init.write(p.local_desc, 0, p.remote_desc, 0, 1000, i))
-        wait_ok(p.init.read(p.local_desc, 0, p.remote_desc, 0, 500, 9))
-        p.init.write(p.local_desc, 0, p.remote_desc, 1 << 16, 1, 10).WaitFor(5000)  # refused
-        registry = prometheus_client.CollectorRegistry()
-        registry.register(EngineCollector(p.init))
-        s = _samples(prometheus_client.generate_latest(registry).decode())
-        lab = dict(engine=p.init.key, backend="TCP", peer=p.target.key)
-        assert _sample(s, "mori_torch_transfers_total", op="write", **lab) == 3
-        assert _sample(s, "mori_torch_transfers_total", op="read", **lab) == 1
-        assert _sample(s, "mori_torch_transfer_bytes_total", op="write", **lab) == 3000
-        assert _sample(s, "mori_torch_transfer_bytes_total", op="read", **lab) == 500
-        assert _sample(s, "mori_torch_transfers_in_flight", **lab) == 0
-        assert _sample(s, "mori_torch_transfer_latency_seconds_count", **lab) == 4
-        assert _sample(s, "mori_torch_transfer_latency_seconds_bucket", le="+Inf", **lab) == 4
-        assert _sample(s, "mori_torch_transfer_latency_seconds_sum", **lab) > 0
-        refused = dict(engine=p.init.key, backend="none", peer="")
-        assert _sample(s, "mori_torch_transfer_errors_total", code="ERR_INVALID_ARGS", **refused) == 1
-        # Cumulative buckets never decrease.
-        buckets = sorted(
-            (float(dict(k[1])["le"]), v) for k, v in s.items()
-            if k[0] == "mori_torch_transfer_latency_seconds_bucket" and dict(k[1])["peer"] == p.target.key
-        )
-        assert [v for _, v in buckets] == sorted(v for _, v in buckets)
-        # per_peer=False: one series per backend.
-        registry2 = prometheus_client.CollectorRegistry()
-        registry2.register(EngineCollector(p.init, per_peer=False))
-        s2 = _samples(prometheus_client.generate_latest(registry2).decode())
-        assert _sample(s2, "mori_torch_transfers_total", op="write", engine=p.init.key, backend="TCP", peer="") == 3
+        a.register_remote_engine(b.get_engine_desc())
+        src = torch.arange(1 << 20, dtype=torch.int32, device="cuda:0").view(torch.uint8)
+        dst = torch.zeros(4 << 20, dtype=torch.uint8, device="cuda:0")
+        ld, rd = a.register_torch_tensor(src), b.register_torch_tensor(dst)
+        wait_ok(a.write(ld, 0, rd, 0, 4 << 20, 1))
+        sess = a.create_session(ld, rd)
+        wait_ok(sess.batch_read([0, 8192], [4096, 65536], [4096, 4096], sess.allocate_transfer_uid()))
+        torch.cuda.synchronize()
+        assert torch.equal(dst, src)
+        x = a.stats()["peers"][b.key]["XGMI"]
+        assert (x["writes"], x["reads"], x["succeeded"], x["in_flight"]) == (1, 1, 2, 0)
+        assert (x["bytes_written"], x["bytes_read"]) == (4 << 20, 8192)
+        assert x["latency"]["count"] == 2 and x["errors"] == {}
+        _invariant(x)
     finally:
-        p.close()
-
-
-def test_metrics_port_serves_prometheus_text():
-    target = make_engine("target")
-    init = IOEngine(unique_key("init"), IOEngineConfig("127.0.0.1", 0, metrics_port=0))
-    try:
-        init.create_backend(BackendType.TCP)
-        init.register_remote_engine(target.get_engine_desc())
-        local = init.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8))
-        remote = target.register_torch_tensor(torch.zeros(4096, dtype=torch.uint8))
-        wait_ok(init.write(local, 0, remote, 0, 4096, 1))
-        port = init.metrics_port
-        assert isinstance(port, int) and port > 0
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        s = _samples(text)
-        lab = dict(engine=init.key, backend="TCP", peer=target.key)
-        assert _sample(s, "mori_torch_transfer_bytes_total", op="write", **lab) == 4096
-        assert _sample(s, "mori_torch_transfers_total", op="write", **lab) == 1
-    finally:
-        init.shutdown()
-        target.shutdown()
-    with pytest.raises(OSError):  # the endpoint went with the engine
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
-
-
-def test_metrics_port_bad_values():
-    with pytest.raises(ValueError, match="metrics_port must be in"):
-        IOEngine(unique_key("e"), IOEngineConfig(metrics_port=70000))
-    with pytest.raises(TypeError):
-        IOEngine(unique_key("e"), IOEngineConfig(metrics_port="9400"))
+        a.shutdown()
+        b.shutdown()
 
 
 # ---- profiler ranges ---------------------------------------------------------
@@ -265,6 +211,37 @@ def test_nvtx_env_turns_ranges_on():
     env["MORI_TORCH_NVTX"] = "0"
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+_NVTX_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from conftest import wait_ok
+    from mori_torch.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
+    e = IOEngine("nvtx", IOEngineConfig("127.0.0.1", 0))
+    e.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    a = torch.ones(1 << 20, dtype=torch.uint8, device="cuda:0")
+    b = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    da, db = e.register_torch_tensor(a), e.register_torch_tensor(b)
+    for i in range(10):
+        wait_ok(e.write(da, 0, db, 0, 1 << 20, i))
+        wait_ok(e.read(da, 0, db, 0, 4096, 100 + i))
+    assert torch.equal(a, b)
+    e.shutdown()
+""")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or shutil.which("nsys") is None,
+                    reason="needs a CUDA GPU and Nsight Systems (nsys)")
+def test_nvtx_ranges_reach_nsys(tmp_path):
+    rep = tmp_path / "p"
+    env = dict(os.environ, MORI_TORCH_NVTX="1")
+    subprocess.run(["nsys", "profile", "-t", "nvtx,cuda", "-o", str(rep), sys.executable, "-c", _NVTX_SCRIPT, HERE],
+                   env=env, check=True, capture_output=True, timeout=300)
+    out = subprocess.run(["nsys", "stats", "-q", "-r", "nvtx_sum", "-f", "csv", str(rep) + ".nsys-rep"],
+                         check=True, capture_output=True, text=True, timeout=300).stdout
+    rows = {line.split(",")[-1].strip().strip('"'): line for line in out.splitlines() if "mori." in line}
+    assert any(k.endswith("mori.write") for k in rows) and any(k.endswith("mori.read") for k in rows), out
 
 
 # ---- log -------------------------------------------------------------------
