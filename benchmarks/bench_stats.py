@@ -8,8 +8,13 @@ Two engines in one process, TCP over loopback, host memory:
 - "pipelined 4 KiB": 256 session writes of 4 KiB in flight, then wait_all: transfers per second.
 
 Per round and mode: medians within the process; across rounds: the median of
-those, and the ratio on/off (latency: > 1 means slower with counters).
+those, and the ratio on/off (latency: > 1 means slower with counters). On a
+busy machine that end-to-end difference drowns in noise, so the counters'
+own cost is also measured directly (build/cmake/mori_stats_bench: a status's
+life with and without them, 1 and 4 threads on one pair) and set against the
+sync 64 B latency of the same run.
 
+    cmake --build build/cmake --target mori_stats_bench
     python benchmarks/bench_stats.py --rounds 6 --json docs/results/stats_overhead_tcp_cpu.json
 """
 import argparse
@@ -85,6 +90,9 @@ def main():
                   f"pipelined 4 KiB {res['pipelined_4KiB_per_s']:.0f}/s, counted {res['transfers_counted']}")
     assert all(x["transfers_counted"] == 0 for x in runs["off"]) and all(x["transfers_counted"] > 0 for x in runs["on"])
 
+    micro_bin = os.path.join(ROOT, "build", "cmake", "mori_stats_bench")
+    micro = json.loads(subprocess.run([micro_bin], capture_output=True, text=True, check=True).stdout)
+
     def med(mode, key):
         return statistics.median(x[key] for x in runs[mode])
 
@@ -96,13 +104,21 @@ def main():
     print("|---|---|---|---|")
     for key, v in summary.items():
         print(f"| {key} | {v['on']:.1f} | {v['off_baseline']:.1f} | {v['ratio_on_over_off']:.3f} |")
+    sync_ns = summary["sync_64B_p50_us"]["off_baseline"] * 1000
+    print("\n| counters' own cost | with | without (baseline) | added ns | added / sync 64 B TCP transfer |")
+    print("|---|---|---|---|---|")
+    for k, v in micro.items():
+        v["added_over_sync_64B_transfer"] = v["counters_add_ns"] / sync_ns
+        print(f"| {k.replace('_', ' ')} | {v['status_with_counters_ns']:.0f} ns | {v['status_alone_ns']:.0f} ns | "
+              f"{v['counters_add_ns']:.0f} | {v['added_over_sync_64B_transfer']:.4f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": "python benchmarks/bench_stats.py " + " ".join(sys.argv[1:]),
                        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus "
                                   f"(load {os.getloadavg()[0]:.1f} at the end)",
                        "baseline": "the same transfers with MORI_TORCH_STATS=0 (counters off), alternated rounds",
-                       "rounds": args.rounds, "iters": args.iters, "summary": summary, "runs": runs}, f, indent=1)
+                       "rounds": args.rounds, "iters": args.iters, "summary": summary, "counters_cost": micro,
+                       "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":
