@@ -65,7 +65,12 @@ PIPE_TIMEOUT_S = 600.0
 
 
 class BenchError(Exception):
-    """A failure reported to the user as one line, without a traceback."""
+    """A failure reported to the user as one line, without a traceback;
+    ``exit_code`` is the command's exit status (2: a usage error)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------
@@ -974,7 +979,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         records = run(args, [prog] + argv)
     except BenchError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     except RuntimeError as e:  # raised by the engine (e.g. create_backend, register_*)
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1

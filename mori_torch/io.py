@@ -86,9 +86,9 @@ class IOEngineConfig:
     # mori_torch extension: serve this engine's counters (IOEngine.stats) for
     # Prometheus at http://<host>:<metrics_port>/metrics (needs
     # prometheus_client; 0 picks a free port, see IOEngine.metrics_port).
-    # None: no server; mori_torch.metrics.EngineCollector registers them with
-    # a registry of your own instead.
-    metrics_port: Optional[int] = dataclasses.field(default=None, kw_only=True)
+    # mori_torch.metrics.EngineCollector registers them with
+    # a registry of your own instead. -1: no endpoint.
+    metrics_port: int = dataclasses.field(default=-1, kw_only=True)
     # mori_torch extension: NVTX / roctx ranges around transfers and ops, for
     # Nsight Systems or rocprof. Process-wide (so is MORI_TORCH_NVTX=1);
     # True turns them on, False leaves them as they are.
@@ -230,6 +230,9 @@ def _raise_if_type_error(e: RuntimeError) -> None:
     plain try costs nothing on the hot path, a context manager about a
     microsecond per call.
     """
+    # torch's own wording is all there is to go on: the TorchScript boundary
+    # raises a plain RuntimeError with no code (mori_torch's errors never
+    # take this path: they carry a StatusCode).
     msg = str(e)
     if "Expected a value of type" in msg or "Expected at most" in msg or "incompatible function arguments" in msg:
         raise TypeError(msg.splitlines()[0]) from None
@@ -511,10 +514,9 @@ class IOEngine:
             raise TypeError("IOEngineConfig.host must be a str")
         if config.secret is not None and not isinstance(config.secret, str):
             raise TypeError(f"IOEngineConfig.secret must be a str or None, got {type(config.secret).__name__}")
-        if config.metrics_port is not None:
-            metrics_port = _index("IOEngineConfig.metrics_port", config.metrics_port)
-            if not 0 <= metrics_port <= 65535:
-                raise ValueError(f"IOEngineConfig.metrics_port must be in [0, 65535] or None, got {metrics_port}")
+        metrics_port = _index("IOEngineConfig.metrics_port", config.metrics_port)
+        if not -1 <= metrics_port <= 65535:
+            raise ValueError(f"IOEngineConfig.metrics_port must be in [-1, 65535] (-1: none), got {metrics_port}")
         if not isinstance(config.nvtx, bool):
             raise TypeError(f"IOEngineConfig.nvtx must be a bool, got {type(config.nvtx).__name__}")
         if config.nvtx:
@@ -522,7 +524,7 @@ class IOEngine:
         self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "")
         self._key = key
         self._metrics_server = None
-        if config.metrics_port is not None:
+        if metrics_port >= 0:
             try:
                 from . import metrics
 

@@ -416,7 +416,7 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   try {
     s = Connect(remote.host, remote.port, timeout_ms);
   } catch (const Error& e) {
-    throw Error(e.code(), where + ": " + e.what());
+    throw Error(where + ": ", e);
   }
   SetNoDelay(s.fd(), true);
   std::unique_ptr<auth::ClientHandshake> hs;
@@ -455,11 +455,13 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   }
   EngineDesc server = EngineDesc::Unpack(reply.payload.data(), reply.payload.size());
   if (server.key != remote.key) {
-    throw Error(StatusCode::ERR_NOT_FOUND, where + ": the engine listening there is '" + server.key + "'");
+    throw Error(StatusCode::ERR_NOT_FOUND, where + ": the engine listening there is '" + server.key + "'", 0,
+                ErrorCause::kWrongPeer);
   }
   if (remote.incarnation != 0 && server.incarnation != remote.incarnation) {
-    throw Error(StatusCode::ERR_NOT_FOUND, where + ": " + EngineRestartedMessage(remote.key, remote.incarnation,
-                                                                                 server.incarnation));
+    throw Error(StatusCode::ERR_NOT_FOUND,
+                where + ": " + EngineRestartedMessage(remote.key, remote.incarnation, server.incarnation), 0,
+                ErrorCause::kPeerRestarted);
   }
   return s;
 }

@@ -1,5 +1,4 @@
 #include "core/logging.h"
-#include "core/thread_name.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -19,6 +18,8 @@
 #include <mutex>
 #include <thread>
 
+#include "base/config_table.h"
+#include "core/thread_name.h"
 #include "core/types.h"
 
 namespace mori_torch {
@@ -81,16 +82,20 @@ struct Levels {
   Levels() {
     int v[kLogSubsystems];
     for (int& l : v) l = static_cast<int>(LogLevel::Warning);
-    for (const char* name : {"MORI_TORCH_LOG_LEVEL", "MORI_TORCH_LOG"}) {
-      const char* env = std::getenv(name);
-      std::string bad;
-      int tmp[kLogSubsystems];
-      std::copy(v, v + kLogSubsystems, tmp);
-      if (env && !ParseSpec(env, tmp, &bad)) {
-        env_error += std::string(name) + "='" + env + "' ignored: " + bad + "; ";
-      } else {
-        std::copy(tmp, tmp + kLogSubsystems, v);
-      }
+    try {
+      const int level = static_cast<int>(config::EnvInt("MORI_TORCH_LOG_LEVEL"));  // a Choice: LogLevel's order
+      for (int& l : v) l = level;
+    } catch (const Error& e) {
+      env_error += std::string(e.what()) + "; ";
+    }
+    const std::string spec = config::EnvText("MORI_TORCH_LOG");
+    std::string bad;
+    int tmp[kLogSubsystems];
+    std::copy(v, v + kLogSubsystems, tmp);
+    if (!ParseSpec(spec, tmp, &bad)) {
+      env_error += "MORI_TORCH_LOG='" + spec + "' ignored: " + bad + "; ";
+    } else {
+      std::copy(tmp, tmp + kLogSubsystems, v);
     }
     for (int i = 0; i < kLogSubsystems; ++i) by_subsystem[i].store(v[i]);
   }

@@ -171,18 +171,21 @@ Socket Connect(const std::string& host, int port, int timeout_ms) {
   int err = errno;
   freeaddrinfo(res);
   if (rc != 0 && err != EINPROGRESS) {
-    throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(err));
+    throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(err), err);
   }
   if (rc != 0) {
     IoResult r = PollFor(s.fd(), POLLOUT, DeadlineAfterMs(timeout_ms));
     if (!r.ok) {
-      throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + r.error + " after " +
-                                                 std::to_string(timeout_ms) + " ms");
+      throw Error(StatusCode::ERR_BAD_STATE,
+                  "cannot connect to " + where + ": " + r.error + " after " + std::to_string(timeout_ms) + " ms",
+                  r.timed_out ? ETIMEDOUT : 0);
     }
     int so_err = 0;
     socklen_t len = sizeof(so_err);
     getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &so_err, &len);
-    if (so_err != 0) throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(so_err));
+    if (so_err != 0) {
+      throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(so_err), so_err);
+    }
   }
   return s;
 }

@@ -2,7 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
+
+#include "base/config_table.h"
 
 namespace mori_torch {
 namespace {
@@ -38,8 +39,12 @@ std::string CodeName(int slot) {
 
 bool StatsEnabled() {
   static const bool on = [] {
-    const char* v = std::getenv("MORI_TORCH_STATS");
-    return !(v && std::string(v) == "0");
+    try {
+      return config::EnvBool("MORI_TORCH_STATS");
+    } catch (const Error& e) {  // read on the first transfer: never throw there
+      std::fprintf(stderr, "mori_torch: %s; transfer counters stay on\n", e.what());
+      return true;
+    }
   }();
   return on;
 }

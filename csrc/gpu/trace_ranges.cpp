@@ -1,8 +1,10 @@
 #include "gpu/trace_ranges.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+#include <cstdio>
+#include <exception>
+
+#include "base/config_table.h"
 
 #if MORI_WITH_GPU
 #include "gpu/vendor.h"  // defines MORI_HIP on ROCm
@@ -22,8 +24,12 @@ namespace gpu {
 namespace {
 
 bool EnvEnabled() {
-  const char* v = std::getenv("MORI_TORCH_NVTX");
-  return v && *v && std::strcmp(v, "0") != 0;
+  try {
+    return config::EnvBool("MORI_TORCH_NVTX");
+  } catch (const std::exception& e) {  // read at the first range: never throw there
+    std::fprintf(stderr, "mori_torch: %s; profiler ranges stay off\n", e.what());
+    return false;
+  }
 }
 
 std::atomic<bool>& Enabled() {

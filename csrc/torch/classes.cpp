@@ -6,6 +6,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "base/config_table.h"
 #include "core/engine.h"
 #include "torch/classes.h"
 #include "core/logging.h"
@@ -127,10 +128,7 @@ struct EngineObj : torch::CustomClassHolder {
       EngineConfig cfg;
       cfg.host = host;
       cfg.secret = secret;
-      cfg.port = static_cast<int>(port);
-      if (port < 0 || port > 65535) {
-        throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngineConfig: port " + std::to_string(port) + " out of range");
-      }
+      cfg.port = static_cast<int>(config::Value({{"port", port}}, "IOEngineConfig", "port"));
       e = std::make_shared<Engine>(key, cfg);
       return 0;
     });

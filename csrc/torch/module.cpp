@@ -1,11 +1,11 @@
 // Makes the extension importable as mori_torch._C; importing it runs the
 // TORCH_LIBRARY registrations of the other files in this library: the
 // custom classes (classes.cpp) and the ops torch.ops.mori.* (ops_*.cpp).
-// Its Python functions: log_route/log_drain, which hand native log lines to
-// Python's logging (mori_torch/log.py), and int64_tensor, which turns the
-// offset lists that serving engines pass into int64 tensors in one pass in C
-// (a few ns per entry), since the TorchScript boundary converts a List[int]
-// at about 20 ns per entry.
+// Its Python functions: log_route/log_drain hand native log lines to
+// Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
+// that serving engines pass into int64 tensors in one pass in C (a few ns
+// per entry), since the TorchScript boundary converts a List[int] at about
+// 20 ns per entry; config_table hands the settings table to mori_torch.config.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "core/logging.h"
+
+#include "base/config_table.h"
 
 namespace {
 
@@ -123,12 +125,36 @@ PyObject* LogDrain(PyObject*, PyObject* args) {
   return out;
 }
 
+// config_table() -> [(scope, name, kind, default, min, max, text_default,
+// choices, doc, overrides)], the rows of base/config_table.cpp in order.
+PyObject* ConfigTable(PyObject*, PyObject*) {
+  using mori_torch::config::Kind;
+  const auto& rows = mori_torch::config::Table();
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& e = rows[i];
+    static const char* kKinds[] = {"int", "bool", "choice", "text"};
+    PyObject* row = Py_BuildValue("(sssLLLssss)", e.scope, e.name, kKinds[static_cast<int>(e.kind)],
+                                  static_cast<long long>(e.def), static_cast<long long>(e.min),
+                                  static_cast<long long>(e.max), e.text_def, e.choices, e.doc, e.overrides);
+    if (row == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), row);
+  }
+  return out;
+}
+
 PyMethodDef kMethods[] = {
     {"log_route", LogRoute, METH_O, "log_route(on): hold native log lines for log_drain (True) or write them to stderr."},
     {"log_drain", LogDrain, METH_VARARGS,
      "log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file, line, time_ms, message)]."},
     {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
      "int64_tensor(values, what) -> a CPU int64 tensor of the list or tuple of ints `values`; errors name `what`."},
+    {"config_table", ConfigTable, METH_NOARGS,
+     "config_table() -> the settings table (environment variables and config keys); see mori_torch.config."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -87,7 +87,7 @@ def test_metrics_port_serves_prometheus_text():
 
 
 def test_metrics_port_bad_values():
-    with pytest.raises(ValueError, match="metrics_port must be in"):
+    with pytest.raises(ValueError, match=r"metrics_port must be in \[-1, 65535\]"):
         IOEngine(unique_key("e"), IOEngineConfig(metrics_port=70000))
     with pytest.raises(TypeError):
         IOEngine(unique_key("e"), IOEngineConfig(metrics_port="9400"))
