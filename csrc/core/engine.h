@@ -84,6 +84,8 @@ class Engine : public ControlPlaneDelegate {
   uint64_t RefusedConnections() const { return server_->RefusedConnections(); }
   // Completion notices dropped because their table was full.
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
+  // This engine's transfer counters as JSON (TransferStats::ToJson).
+  std::string StatsJson() const { return stats_.ToJson(desc_.key); }
   // nullptr entries are skipped. See docs/MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
 
@@ -99,6 +101,13 @@ class Engine : public ControlPlaneDelegate {
     std::shared_ptr<LocalMemory> local;
     std::shared_ptr<Backend> backend;
     std::shared_ptr<BackendPeer> peer;
+    std::shared_ptr<TransferCounters> counters;  // of (remote engine, backend)
+  };
+  // A registered remote engine and its counters (kept here so that a
+  // transfer finds them in the lookup it does anyway).
+  struct Remote {
+    EngineDesc desc;
+    std::shared_ptr<TransferStats::PeerCounters> counters;
   };
   // Resolves local memory, remote engine and backend; SUCCESS or an error
   // code with *msg.
@@ -124,6 +133,8 @@ class Engine : public ControlPlaneDelegate {
   EngineConfig cfg_;
   // First, so that it outlives everything that watches sockets on it.
   std::unique_ptr<EventLoop> loop_;
+  TransferStats stats_;
+  std::shared_ptr<TransferStats::PeerCounters> self_counters_;  // transfers within this engine
   MemoryRegistry memory_;
   NotificationTable notices_;
   BackendContext ctx_;
@@ -135,7 +146,7 @@ class Engine : public ControlPlaneDelegate {
   std::array<std::shared_ptr<Backend>, 4> backends_;  // indexed by BackendType
 
   mutable std::shared_mutex remotes_mu_;
-  std::unordered_map<std::string, EngineDesc> remotes_;
+  std::unordered_map<std::string, Remote> remotes_;
   std::unordered_map<std::string, std::shared_ptr<ControlClient>> control_clients_;
 
   std::unique_ptr<ControlPlaneServer> server_;

@@ -14,12 +14,14 @@ namespace mori_torch {
 class Session {
  public:
   Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, std::shared_ptr<Backend> backend,
-          std::shared_ptr<BackendPeer> peer, std::shared_ptr<std::atomic<uint64_t>> uids)
+          std::shared_ptr<BackendPeer> peer, std::shared_ptr<std::atomic<uint64_t>> uids,
+          std::shared_ptr<TransferCounters> counters)
       : local_(std::move(local)),
         remote_(std::move(remote)),
         backend_(std::move(backend)),
         peer_(std::move(peer)),
-        uids_(std::move(uids)) {}
+        uids_(std::move(uids)),
+        counters_(std::move(counters)) {}
 
   StatusPtr Read(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
   StatusPtr Write(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
@@ -50,6 +52,7 @@ class Session {
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<BackendPeer> peer_;
   std::shared_ptr<std::atomic<uint64_t>> uids_;
+  std::shared_ptr<TransferCounters> counters_;  // the engine's, for this pair (null: not counted)
 };
 
 }  // namespace mori_torch

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/transfer_stats.h"
 #include "core/types.h"
 
 namespace mori_torch {
@@ -48,14 +49,22 @@ class TransferStatus {
   // lock held, possibly from several threads at once.
   void SetProgressHook(std::function<void()> hook);
 
+  // The engine's counters for this transfer: ended (TransferCounters::End)
+  // with the first terminal code, on the thread that sets it.
+  void SetRecord(TransferRecord record);
+
  private:
   void NotifyIfTerminal(StatusCode code);
+  // mu_ held: hands out the record when `code` ends the transfer.
+  TransferRecord TakeRecordIfEnded(StatusCode old_code, StatusCode code);
+  static void EndRecord(TransferRecord& r, StatusCode code);
 
   std::atomic<int> code_{static_cast<int>(StatusCode::INIT)};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string message_;
   std::shared_ptr<std::function<void()>> progress_;
+  TransferRecord record_;
 };
 
 using StatusPtr = std::shared_ptr<TransferStatus>;
