@@ -82,6 +82,15 @@ class IOEngineConfig:
     # takes MORI_TORCH_SECRET, and without either the engine serves anyone.
     # Never printed, never part of a descriptor.
     secret: Optional[str] = dataclasses.field(default=None, kw_only=True, repr=False)
+    # mori_torch extensions (keyword-only): a transfer whose path breaks
+    # (connection reset, QP in error, IPC open refused) is retried over a
+    # fresh connection, up to retry_attempts attempts within retry_budget_ms
+    # (never past the backend's op timeout), and a failed backend hands the
+    # peer's transfers to the next capable one until it is healthy again
+    # (docs/FAILOVER.md). failover=False: a broken path fails its transfers.
+    failover: bool = dataclasses.field(default=True, kw_only=True)
+    retry_attempts: int = dataclasses.field(default=4, kw_only=True)
+    retry_budget_ms: int = dataclasses.field(default=30000, kw_only=True)
 
 
 @dataclasses.dataclass
@@ -497,7 +506,11 @@ class IOEngine:
             raise TypeError("IOEngineConfig.host must be a str")
         if config.secret is not None and not isinstance(config.secret, str):
             raise TypeError(f"IOEngineConfig.secret must be a str or None, got {type(config.secret).__name__}")
-        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "")
+        if not isinstance(config.failover, bool):
+            raise TypeError(f"IOEngineConfig.failover must be a bool, got {type(config.failover).__name__}")
+        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "",
+                                 config.failover, _index("IOEngineConfig.retry_attempts", config.retry_attempts),
+                                 _index("IOEngineConfig.retry_budget_ms", config.retry_budget_ms))
         self._key = key
         # Registered tensors stay alive until deregistered: the engine may
         # touch their memory at any time.
@@ -650,6 +663,16 @@ class IOEngine:
                 raise TypeError(f"wait_all: expected TransferStatus entries, got {type(s).__name__}")
             natives.append(s._s)
         return StatusCode(self._e.wait_all(natives, _index("timeout_ms", timeout_ms)))
+
+    @_native_call
+    def failover_stats(self) -> Dict[str, int]:
+        """What retry and failover did so far: retries (attempts after a
+        transfer's first), recovered (transfers that succeeded after a retry),
+        exhausted (transfers that failed after every attempt), failovers
+        (switches away from a failed backend), returns (switches back),
+        probes (transfers let through to a failed backend) and paths_down
+        (peer, backend) paths failed now."""
+        return dict(self._e.failover_stats())
 
     @_native_call
     def mapped_remote_memories(self) -> int:

@@ -436,7 +436,12 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
     r = WriteFrame(s.fd(), FrameType::AuthProof, hs->Proof(), MsLeft(deadline));
     if (r.ok) r = ReadFrameBy(s.fd(), &reply, deadline);
   }
-  if (!r.ok) throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
+  if (!r.ok) {
+    Error e(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
+    // Reset or closed mid-handshake: the link's fault unless we timed out.
+    if (!r.timed_out) e.MarkPathFailed();
+    throw e;
+  }
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
   if (reply.type == FrameType::AuthChallenge) {
     throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine requires authentication and this engine '" +

@@ -86,6 +86,10 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
     int ms = std::atoi(v);
     if (ms > 0) cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
   }
+  driver_ = std::make_shared<RetryDriver>(cfg_.retry, cfg_.failover);
+  driver_->SetRouter([this](const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg) {
+    return PickPath(local, remote, path, msg);
+  });
   server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control, loop_.get());
   desc_.port = server_->Start(desc_.host, cfg.port);
   MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port
@@ -103,6 +107,8 @@ void Engine::Shutdown() {
   if (shut_down_.exchange(true)) return;
   // Inbound connections first: they call into backends and memory.
   server_->Stop();
+  // No retry starts from here on (the router calls into this engine).
+  driver_->Shutdown();
   std::array<std::shared_ptr<Backend>, 4> backends;
   {
     std::unique_lock<std::shared_mutex> lk(backends_mu_);
@@ -368,6 +374,15 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
            "' (deregistered?)";
     return StatusCode::ERR_NOT_FOUND;
   }
+  return PickPath(local, remote, &route->path, msg);
+}
+
+StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path,
+                            std::string* msg) {
+  if (shut_down_.load()) {
+    *msg = "engine '" + desc_.key + "' is shut down";
+    return StatusCode::ERR_BAD_STATE;
+  }
   EngineDesc remote_engine;
   {
     std::shared_lock<std::shared_mutex> lk(remotes_mu_);
@@ -381,13 +396,24 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
       return StatusCode::ERR_NOT_FOUND;
     }
   }
+  PathHealth& health = driver_->health();
+  std::shared_ptr<Backend> chosen, first_capable;
+  int capable = 0;
   for (auto t : kPreference) {
     auto b = BackendOf(t);
-    if (b && b->CanServe(local, remote, remote_engine)) {
-      route->backend = std::move(b);
-      route->peer = route->backend->Peer(remote_engine);
-      return StatusCode::SUCCESS;
-    }
+    if (!b || !b->CanServe(local, remote, remote_engine)) continue;
+    ++capable;
+    if (!first_capable) first_capable = b;
+    // Asked only until one is chosen: asking claims a due probe.
+    if (!chosen && health.Usable(remote_engine.key, t)) chosen = b;
+  }
+  if (!chosen) chosen = std::move(first_capable);  // every capable path is down: try the preferred
+  if (chosen) {
+    path->peer = chosen->Peer(remote_engine);
+    path->backend = std::move(chosen);
+    path->peer_key = remote_engine.key;
+    path->alternative = capable > 1;
+    return StatusCode::SUCCESS;
   }
   *msg = "No available backend found, create backend first (local " + std::string(MemoryLocationName(local.loc)) +
          " memory, remote " + MemoryLocationName(remote.loc) + " memory)";
@@ -412,7 +438,7 @@ StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc
   op.remote = remote;
   op.uid = uid;
   op.status = status;
-  route.peer->Submit(std::move(op));
+  driver_->Submit(std::move(op), std::move(route.path));
   return status;
 }
 
@@ -462,8 +488,7 @@ std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const Me
   }
   if (c != StatusCode::SUCCESS) throw Error(c, "create_session: " + msg);
   ValidateRemoteMemory(remote);
-  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.backend), std::move(route.peer),
-                                   next_uid_);
+  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.path), driver_, next_uid_);
 }
 
 size_t Engine::MappedRemoteMemories() const {

@@ -38,9 +38,17 @@ class Error : public std::runtime_error {
  public:
   Error(StatusCode code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
   StatusCode code() const { return code_; }
+  // The connection failed (reset or closed while connecting), not the
+  // request: a retry on a fresh one may succeed (core/retry_driver.h).
+  bool path_failed() const { return path_failed_; }
+  Error& MarkPathFailed() {
+    path_failed_ = true;
+    return *this;
+  }
 
  private:
   StatusCode code_;
+  bool path_failed_ = false;
 };
 
 }  // namespace mori_torch

@@ -129,5 +129,22 @@ inline bool ClosedWithin(int fd, int ms) {
   return false;
 }
 
+// Shuts down every connected socket of this process whose local port is
+// `port` (an engine's inbound control and data connections): the real fault
+// of a link that drops, from inside the test. The engine still owns the
+// descriptors, so nothing is closed under it. Returns how many.
+inline int ShutDownInboundSockets(int port) {
+  int n = 0;
+  for (int fd = 3; fd < 4096; ++fd) {
+    sockaddr_in self{}, peer{};
+    socklen_t len = sizeof self, plen = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0 || self.sin_family != AF_INET) continue;
+    if (ntohs(self.sin_port) != port) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) continue;  // the listener
+    if (::shutdown(fd, SHUT_RDWR) == 0) ++n;
+  }
+  return n;
+}
+
 }  // namespace testing_util
 }  // namespace mori_torch

@@ -217,7 +217,9 @@ void RdmaPeer::Submit(TransferOp op) {
     std::shared_ptr<Conn> c = Connection();
     Post(*c, op);
   } catch (const Error& e) {
-    op.status->Update(e.code(), e.what());
+    // ERR_RDMA_OP: the path could not be set up (QP, memory registration):
+    // another backend may serve the transfer. Others are the request's.
+    op.status->Update(e.code(), e.what(), e.code() == StatusCode::ERR_RDMA_OP);
   }
 }
 
@@ -337,7 +339,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     p.qp->Unreserve(slots);
     delete chain;
     if (failure.empty()) failure = why;
-    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why);
+    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why, p.qp->broken());
     return false;
   };
 
@@ -360,7 +362,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
         post_chain(p, n, false, static_cast<uint32_t>(n));
       } else {
         p.next += n;
-        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
+        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->broken());
       }
       more = more || p.next < stop;
     }
@@ -394,7 +396,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     if (!failure.empty()) {
       if (k < reserved) p.qp->Unreserve(slots);
       p.next += p.tail;
-      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
+      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->broken());
       continue;
     }
     if (post_chain(p, p.tail, true, slots)) {

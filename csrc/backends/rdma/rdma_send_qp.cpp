@@ -103,12 +103,18 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   }
   // Part of the chain is on the wire without its signaled end: flush it all.
   chain->code = StatusCode::ERR_RDMA_OP;
+  chain->path_failed = true;
   chain->msg = std::string("ibv_post_send to engine '") + peer_key_ + "' failed midway: " + std::strerror(rc);
   broken_ = true;
   broken_reason_ = chain->msg;
   room_.notify_all();
   RdmaQp::Fail();
   return true;
+}
+
+bool SendQp::broken() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return broken_;
 }
 
 void SendQp::Break(const std::string& reason) {
@@ -127,6 +133,10 @@ void SendQp::OnCompletion(const ibv_wc& wc) {
   auto* c = reinterpret_cast<Chain*>(wc.wr_id & ~uint64_t{1});
   if (wc.status != IBV_WC_SUCCESS && c->code == StatusCode::SUCCESS) {
     c->code = StatusCode::ERR_RDMA_OP;
+    // Errors of the request itself (keys, bounds, protection) are final;
+    // the rest (flushed by a QP in error, retries exhausted) are the path's.
+    c->path_failed = wc.status != IBV_WC_REM_ACCESS_ERR && wc.status != IBV_WC_REM_INV_REQ_ERR &&
+                     wc.status != IBV_WC_LOC_PROT_ERR && wc.status != IBV_WC_LOC_LEN_ERR;
     bool first_failure = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -158,7 +168,7 @@ void SendQp::Finish(Chain* c) {
     used_ -= c->slots;
     room_.notify_all();
   }
-  c->xfer->tracker->PartDone(c->code, c->msg);
+  c->xfer->tracker->PartDone(c->code, c->msg, c->path_failed);
   delete c;
 }
 
@@ -178,7 +188,8 @@ void SendQp::OnClosed() {
   }
   for (Chain* c : left) {
     c->xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, std::string(c->xfer->verb) + " to engine '" + peer_key_ +
-                                                            "' did not complete: " + broken_reason_);
+                                                            "' did not complete: " + broken_reason_,
+                                /*path_failed=*/true);
     delete c;
   }
 }

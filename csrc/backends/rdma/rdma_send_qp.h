@@ -32,6 +32,7 @@ struct Chain {
   uint32_t slots = 0;
   StatusCode code = StatusCode::SUCCESS;
   std::string msg;
+  bool path_failed = false;  // the QP failed (not the request): retry elsewhere
 };
 
 // The notice a target receives: one part of (initiator, uid) is in place.
@@ -51,6 +52,8 @@ class SendQp : public RdmaQp {
   uint32_t depth() const { return depth_; }
   // Waits until `n` slots are free (or the deadline passes, or the QP fails).
   bool Reserve(uint32_t n, Deadline deadline, std::string* why);
+  // True once the QP is in error or closed (its failures are path failures).
+  bool broken() const;
   void Unreserve(uint32_t n);
   // Fills the next notice buffer and returns its scatter entry.
   ibv_sge Notice(uint64_t uid, uint32_t parts_total);
@@ -76,7 +79,7 @@ class SendQp : public RdmaQp {
 
   const uint32_t depth_;
   const std::string peer_key_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable room_;
   uint32_t used_ = 0;
   bool broken_ = false;
