@@ -1,5 +1,6 @@
 #include "backends/rdma/rdma_send_qp.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -8,6 +9,8 @@
 namespace mori_torch {
 namespace rdma {
 namespace {
+
+std::atomic<int> g_fail_next_posts{0};  // FailNextPostedQpsForTest
 
 std::string CompletionError(const VerbsApi* api, const ibv_wc& wc, const char* verb, const std::string& peer) {
   std::string m = std::string(verb) + " to engine '" + peer + "' failed: " + api->wc_status_str(wc.status) +
@@ -39,6 +42,8 @@ SendQp::~SendQp() {
   Close();
   if (notice_mr_) dev_->api->dereg_mr(notice_mr_);
 }
+
+void FailNextPostedQpsForTest(int n) { g_fail_next_posts.store(n); }
 
 bool SendQp::Reserve(uint32_t n, Deadline deadline, std::string* why) {
   std::unique_lock<std::mutex> lk(mu_);
@@ -95,7 +100,10 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   outstanding_.push_back(chain);
   ibv_send_wr* bad = nullptr;
   int rc = ibv_post_send(qp_, first, &bad);
-  if (rc == 0) return true;
+  if (rc == 0) {
+    if (g_fail_next_posts.load(std::memory_order_relaxed) > 0 && g_fail_next_posts.fetch_sub(1) > 0) RdmaQp::Fail();
+    return true;
+  }
   if (bad == first) {
     outstanding_.pop_back();
     *why = std::string("ibv_post_send to engine '") + peer_key_ + "': " + std::strerror(rc);

@@ -43,6 +43,11 @@ struct NoticeWire {
 };
 constexpr uint32_t kNoticeMagic = 0x4e54434d;  // "MCTN"
 
+// Test hook: the next `n` chains posted in this process move their QP to the
+// error state right after posting (ibv_modify_qp to IBV_QPS_ERR), as a NIC
+// or link failure would: their work requests complete with flush errors.
+void FailNextPostedQpsForTest(int n);
+
 class SendQp : public RdmaQp {
  public:
   SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth,
