@@ -414,7 +414,9 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   try {
     s = Connect(remote.host, remote.port, timeout_ms);
   } catch (const Error& e) {
-    throw Error(e.code(), where + ": " + e.what());
+    Error named(e.code(), where + ": " + e.what());
+    if (e.path_failed()) named.MarkPathFailed();
+    throw named;
   }
   SetNoDelay(s.fd(), true);
   std::unique_ptr<auth::ClientHandshake> hs;

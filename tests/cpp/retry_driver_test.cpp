@@ -4,7 +4,11 @@
 // right bytes and each completion notice pop exactly once. Also: errors that
 // are not the path's are never retried, attempts are bounded and named, and
 // the pieces (delay queue, path health, attempt fence, notice dedup) alone.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -48,29 +52,6 @@ class KillOnce {
 
  private:
   int kills_ = 0;
-  std::thread thread_;
-};
-
-// Keeps shutting down the target's inbound connections every `period_us`
-// until destroyed.
-class Killer {
- public:
-  Killer(int port, int period_us)
-      : thread_([this, port, period_us] {
-          while (!stop_.load()) {
-            kills_ += ShutDownInboundSockets(port);
-            std::this_thread::sleep_for(std::chrono::microseconds(period_us));
-          }
-        }) {}
-  ~Killer() {
-    stop_ = true;
-    thread_.join();
-  }
-  int kills() const { return kills_.load(); }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::atomic<int> kills_{0};
   std::thread thread_;
 };
 
@@ -194,21 +175,68 @@ TEST(RetryTest, TargetErrorsAreNotRetried) {
   EXPECT_EQ(p.a->Failover().retry.retries, 0u);
 }
 
+// A listener that accepts connections and resets each at once, as a peer
+// whose process keeps crashing would: every attempt's path fails.
+class ResettingListener {
+ public:
+  ResettingListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(fd_, 64);
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      while (true) {
+        int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        ++accepted_;
+        linger l{1, 0};
+        ::setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        ::close(c);
+      }
+    });
+  }
+  ~ResettingListener() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+// Engine `b`'s descriptor with the port of `l`: connections to it fail.
+EngineDesc Through(const Engine& b, const ResettingListener& l) {
+  EngineDesc d = b.Desc();
+  d.port = l.port();
+  return d;
+}
+
 TEST(RetryTest, AttemptsAreBoundedAndNamed) {
   EngineConfig cfg{"127.0.0.1", 0};
   cfg.retry.max_attempts = 3;
   Pair p(cfg);
-  std::unique_ptr<Killer> killer = std::make_unique<Killer>(p.b->Desc().port, 50);
-  // Every attempt's connection dies within a fraction of the time 16 MiB takes.
-  StatusPtr st = p.a->Write(p.lm, 0, p.rm, 0, kBuf, 1);
-  const StatusCode c = st->WaitFor(kWaitMs);
-  killer.reset();
-  ASSERT_EQ(c, StatusCode::ERR_BAD_STATE) << st->Message();
+  ResettingListener broken;
+  p.a->RegisterRemoteEngine(Through(*p.b, broken));
+  StatusPtr st = p.a->Write(p.lm, 0, p.rm, 0, 4096, 1);
+  ASSERT_EQ(st->WaitFor(kWaitMs), StatusCode::ERR_BAD_STATE) << st->Message();
   EXPECT_TRUE(Contains(st->Message(), "after 3 attempt(s)")) << st->Message();
+  EXPECT_EQ(broken.accepted(), 3);
   const RetryStats r = p.a->Failover().retry;
   EXPECT_EQ(r.retries, 2u);
   EXPECT_EQ(r.exhausted, 1u);
-  // The engine still works once the link does.
+  // The engine works again once the peer does.
+  p.a->RegisterRemoteEngine(p.b->Desc());
   ASSERT_TRUE(Succeeds(p.a->Write(p.lm, 0, p.rm, 0, 4096, 2)));
 }
 
@@ -216,10 +244,12 @@ TEST(RetryTest, OffMeansAPathFailureFailsTheTransfer) {
   EngineConfig cfg{"127.0.0.1", 0};
   cfg.retry.enabled = cfg.failover.enabled = false;
   Pair p(cfg);
-  Killer killer(p.b->Desc().port, 50);
-  StatusPtr st = p.a->Write(p.lm, 0, p.rm, 0, kBuf, 1);
+  ResettingListener broken;
+  p.a->RegisterRemoteEngine(Through(*p.b, broken));
+  StatusPtr st = p.a->Write(p.lm, 0, p.rm, 0, 4096, 1);
   ASSERT_EQ(st->WaitFor(kWaitMs), StatusCode::ERR_BAD_STATE) << st->Message();
   EXPECT_FALSE(Contains(st->Message(), "attempt")) << st->Message();
+  EXPECT_EQ(broken.accepted(), 1);
   EXPECT_EQ(p.a->Failover().retry.retries, 0u);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -135,7 +136,14 @@ inline bool ClosedWithin(int fd, int ms) {
 // descriptors, so nothing is closed under it. Returns how many.
 inline int ShutDownInboundSockets(int port) {
   int n = 0;
-  for (int fd = 3; fd < 4096; ++fd) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return 0;
+  std::vector<int> fds;
+  while (dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') fds.push_back(std::atoi(e->d_name));
+  }
+  ::closedir(dir);
+  for (int fd : fds) {
     sockaddr_in self{}, peer{};
     socklen_t len = sizeof self, plen = sizeof peer;
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0 || self.sin_family != AF_INET) continue;

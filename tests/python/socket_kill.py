@@ -43,6 +43,14 @@ def supported() -> bool:
             s.close()
 
 
+def kill_after(port: int, delay_s: float) -> threading.Thread:
+    """Kills the connections of the engine on `port` once, `delay_s` from
+    now (plus the ~ms `ss` takes to start), in a thread; join it."""
+    t = threading.Thread(target=lambda: (time.sleep(delay_s), kill(port)), daemon=True)
+    t.start()
+    return t
+
+
 class Killer:
     """Kills the connections of the engine on `port` every `period_s`
     (uniformly jittered by half), in a thread, until stopped."""
