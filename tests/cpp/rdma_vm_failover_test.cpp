@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <thread>
 
@@ -87,9 +89,24 @@ TEST_F(RdmaFailoverTest, QpErrorFailsOverToTcpAndReturnsToRdma) {
   ASSERT_EQ(session->backend_type(), BackendType::RDMA);
   RoundTrip(*session, 0, 1 << 20, 1);
   EXPECT_EQ(engine_->Failover().failover.failovers, 0u);
+  // A 4 MiB write over healthy RDMA, timed: the baseline of the failover time.
+  auto timed_write = [&](uint64_t seed) {
+    FillPattern(buf_, 0, 4 << 20, seed);
+    const auto t0 = std::chrono::steady_clock::now();
+    StatusPtr st = session->Write(0, 0, 4 << 20, engine_->AllocateTransferUid());
+    EXPECT_EQ(st->WaitFor(kWaitMs), StatusCode::SUCCESS) << st->Message();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(peer_->Hash(0, 4 << 20), HashBytes(buf_, 4 << 20));
+    return ms;
+  };
+  const double healthy_ms = timed_write(2);
 
-  // The QP of the next transfer goes into error right after it is posted.
+  // The QP of the next transfer goes into error right after it is posted:
+  // the write is caught, fails over and completes over TCP.
   rdma::FailNextPostedQpsForTest(1);
+  const double failover_ms = timed_write(3);
+  const auto down_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(engine_->Failover().failover.failovers, 1u);
   RoundTrip(*session, 4096, 4 << 20, 10);
   FailoverCounters f = engine_->Failover();
   EXPECT_EQ(f.failover.failovers, 1u);
@@ -106,6 +123,11 @@ TEST_F(RdmaFailoverTest, QpErrorFailsOverToTcpAndReturnsToRdma) {
     RoundTrip(*session, 8192, 65536, seed += 2);
     return engine_->Failover().failover.returns == 1;
   }, 20000)) << "no return to RDMA";
+  const double return_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - down_at).count();
+  // benchmarks/ and docs/BENCHMARK.md quote this line.
+  std::cout << "FAILOVER_TIMES healthy_write_ms=" << healthy_ms << " failover_write_ms=" << failover_ms
+            << " added_ms=" << failover_ms - healthy_ms << " return_after_ms=" << return_ms
+            << " probe_ms=300" << std::endl;
   f = engine_->Failover();
   EXPECT_EQ(f.failover.paths_down, 0u);
   EXPECT_GE(f.failover.probes, 1u);
