@@ -101,7 +101,7 @@ TEST_F(RdmaFailoverTest, QpErrorFailsOverToTcpAndReturnsToRdma) {
   };
   const double healthy_ms = timed_write(2);
 
-  // The QP of the next transfer goes into error right after it is posted:
+  // The QP of the next transfer goes into error as it is posted:
   // the write is caught, fails over and completes over TCP.
   rdma::FailNextPostedQpsForTest(1);
   const double failover_ms = timed_write(3);

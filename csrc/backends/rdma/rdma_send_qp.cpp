@@ -99,11 +99,9 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   }
   outstanding_.push_back(chain);
   ibv_send_wr* bad = nullptr;
+  if (g_fail_next_posts.load(std::memory_order_relaxed) > 0 && g_fail_next_posts.fetch_sub(1) > 0) RdmaQp::Fail();
   int rc = ibv_post_send(qp_, first, &bad);
-  if (rc == 0) {
-    if (g_fail_next_posts.load(std::memory_order_relaxed) > 0 && g_fail_next_posts.fetch_sub(1) > 0) RdmaQp::Fail();
-    return true;
-  }
+  if (rc == 0) return true;
   if (bad == first) {
     outstanding_.pop_back();
     *why = std::string("ibv_post_send to engine '") + peer_key_ + "': " + std::strerror(rc);

@@ -43,9 +43,10 @@ struct NoticeWire {
 };
 constexpr uint32_t kNoticeMagic = 0x4e54434d;  // "MCTN"
 
-// Test hook: the next `n` chains posted in this process move their QP to the
-// error state right after posting (ibv_modify_qp to IBV_QPS_ERR), as a NIC
-// or link failure would: their work requests complete with flush errors.
+// Test hook: the next `n` chains posted in this process find their QP moved
+// to the error state (ibv_modify_qp to IBV_QPS_ERR) just before they are
+// posted, as after a NIC or link failure: their work requests complete with
+// flush errors.
 void FailNextPostedQpsForTest(int n);
 
 class SendQp : public RdmaQp {
