@@ -54,7 +54,7 @@ if with_cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.i
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
 
 cpp_sources = sources(
-    "csrc/core/*.cpp", "csrc/stream/*.cpp", "csrc/gpu/*.cpp", "csrc/backends/*.cpp", "csrc/backends/*/*.cpp", "csrc/torch/*.cpp"
+    "csrc/base/*.cpp", "csrc/core/*.cpp", "csrc/stream/*.cpp", "csrc/gpu/*.cpp", "csrc/backends/*.cpp", "csrc/backends/*/*.cpp", "csrc/torch/*.cpp"
 )
 gpu_sources = sources("csrc/gpu/*.cu") if gpu else []
 

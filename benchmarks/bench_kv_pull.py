@@ -30,6 +30,7 @@ and written to the JSON with the machine.
 """
 import argparse
 import json
+import multiprocessing as mp
 import platform
 import statistics
 import time
@@ -37,7 +38,8 @@ import time
 import torch
 
 from mori_torch import ops
-from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig, XgmiBackendConfig
+from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
+                          XgmiBackendConfig)
 from mori_torch.paged_kv import KVLayout, StaticPageTables
 
 from bench_ops import capture_graph  # benchmarks/ is this script's folder
@@ -66,26 +68,48 @@ def median_graph_ms(g, replays, before=None):
     return statistics.median(times)
 
 
+def _engine(key, backend):
+    e = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+    e.create_backend(*((BackendType.XGMI, XgmiBackendConfig()) if backend == "xgmi"
+                       else (BackendType.TCP, TcpBackendConfig())))
+    return e
+
+
+def remote_bytes(n):
+    """The remote caches' content: the same on both sides, so pulls are checked."""
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+
+
+def _target(conn, backend, layers, blocks, device):
+    """The prefill side, in its own process as in a deployment: holds the
+    remote caches (random bytes) and serves the pulls until told to stop."""
+    b = _engine(f"bkv-{backend}-target", backend)
+    rbuf, _ = caches(layers, blocks, device)
+    rbuf.copy_(remote_bytes(rbuf.numel()))
+    torch.cuda.synchronize()
+    conn.send((b.get_engine_desc().pack(), b.register_torch_tensor(rbuf).pack()))
+    conn.recv()
+    b.shutdown()
+
+
 def run(backend, args, record):
     layers, pages = args.layers, args.pages
     blocks = max(4 * pages, 256)
-    if backend == "xgmi":
-        mk = lambda k: IOEngine(k, IOEngineConfig("127.0.0.1", 0))  # noqa: E731
-        a, b = mk("bkv-xa"), mk("bkv-xb")
-        for e in (a, b):
-            e.create_backend(BackendType.XGMI, XgmiBackendConfig())
-    else:
-        a, b = IOEngine("bkv-ta", IOEngineConfig("127.0.0.1", 0)), IOEngine("bkv-tb", IOEngineConfig("127.0.0.1", 0))
-        for e in (a, b):
-            e.create_backend(BackendType.TCP, TcpBackendConfig())
-    a.register_remote_engine(b.get_engine_desc())
-    b.register_remote_engine(a.get_engine_desc())
+    conn, child_conn = mp.Pipe()
+    target = mp.get_context("spawn").Process(target=_target,
+                                             args=(child_conn, backend, layers, blocks, args.remote_device))
+    target.start()
+    edesc, mdesc = conn.recv()
+    a = _engine(f"bkv-{backend}-initiator", backend)
+    a.register_remote_engine(EngineDesc.unpack(edesc))
     lbuf, local = caches(layers, blocks, "cuda:0")
-    rbuf, remote = caches(layers, blocks, args.remote_device)
-    rbuf.copy_(torch.randint(0, 256, rbuf.shape, dtype=torch.uint8, device=rbuf.device))
-    sess = a.create_session(a.register_torch_tensor(lbuf), MemoryDesc.unpack(b.register_torch_tensor(rbuf).pack()))
+    # The remote caches' layout, from same-shaped views of a host buffer
+    # (byte offsets depend only on shapes and strides).
+    shadow, remote = caches(layers, blocks, "cpu")
+    shadow.copy_(remote_bytes(shadow.numel()))
+    sess = a.create_session(a.register_torch_tensor(lbuf), MemoryDesc.unpack(mdesc))
     h = ops.session_handle(sess)
-    ll, rl = KVLayout.from_caches(local, lbuf), KVLayout.from_caches(remote, rbuf)
+    ll, rl = KVLayout.from_caches(local, lbuf), KVLayout.from_caches(remote, shadow)
     names = list(local)
     st = StaticPageTables(ll, rl, capacity=pages, device="cuda")
     g = torch.Generator().manual_seed(0)
@@ -127,6 +151,17 @@ def run(backend, args, record):
     t_pull = median_graph_ms(g_pull, args.replays, before=new_tables)
     t_step = median_graph_ms(g_step, args.replays, before=new_tables)
     ops.check_errors(h)
+    # One more step, its pulled pages checked against the remote bytes.
+    lids, rids = new_tables()
+    g_step.replay()
+    torch.cuda.synchronize()
+    ops.check_errors(h)
+    got = lbuf.cpu()
+    for n in names:
+        for lo, ro in zip(ll.layers[n].byte_offsets(torch.tensor(lids)).tolist(),
+                          rl.layers[n].byte_offsets(torch.tensor(rids)).tolist()):
+            if not torch.equal(got[lo:lo + PAGE], shadow[ro:ro + PAGE]):
+                raise SystemExit(f"{backend}: layer {n} page at {lo} differs from the remote page at {ro}")
 
     def host_step(per_layer):
         lids, rids = new_tables()
@@ -162,7 +197,8 @@ def run(backend, args, record):
     torch.cuda.synchronize()
     ops.release_session_handle(h)
     a.shutdown()
-    b.shutdown()
+    conn.send("stop")
+    target.join(60)
 
 
 def main():

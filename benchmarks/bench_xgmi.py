@@ -1,15 +1,20 @@
-"""GPU-peer (XGMI backend) figures, each against torch's copy_ between the
-same two devices measured in the same run. Two GPUs: source on cuda:0,
-destination on cuda:1 (the issue's figures). One GPU, or --same-device: both
-on cuda:0, for tuning where only one GPU is at hand (HBM, not the link).
+"""GPU-peer (XGMI backend) figures that the benchmark CLI does not take, each
+against torch's copy_ between the same two devices measured in the same run,
+both engines in this one process. Two GPUs: source on cuda:0, destination on
+cuda:1. One GPU, or --same-device: both on cuda:0 (HBM, not the link).
 
     python benchmarks/bench_xgmi.py --json docs/results/xgmi_h200x2.json [--grid] [--latency-breakdown]
 
+Single segments (64 MiB, 1 GiB) and one page batch at a time, timed from the
+call to completion between two processes, are the CLI's:
+
+    python -m mori_torch.benchmark --backend xgmi --op-type both --buffer-size 64M --transfer-batch-size 1
+    python -m mori_torch.benchmark --backend xgmi --op-type both --buffer-size 16K \
+        --transfer-batch-size 16384 --enable-batch-transfer --enable-sess --shuffle
+
 Cases:
-- single 64 MiB / 1 GiB read and write;
-- one batch of 16,384 segments of 4/16/64 KiB, remote offsets permuted
-  (nothing merges), timed from the call to the end of Wait(); and the same
-  batches submitted `--depth` at a time (throughput with host work hidden);
+- batches of 16,384 segments of 4/16/64 KiB, remote offsets permuted (nothing
+  merges), submitted `--depth` at a time (throughput with host work hidden);
 - host time per segment to submit a 16,384-segment session batch;
 - a 4 KiB write's latency, call to Succeeded() polled from Python, p50/p99;
 - --latency-breakdown: where that latency goes (TorchScript call cost, io.py
@@ -112,16 +117,11 @@ class Bench:
         return lo, ro, torch.full((count,), seg, dtype=torch.int64)
 
     # ------------------------------------------------------------------
-    def single_and_batches(self, sess):
+    def batches_in_flight(self, sess):
+        """Page batches submitted --depth at a time (host work hidden). Single
+        segments and one batch at a time, timed call to completion between two
+        processes, are the CLI's: python -m mori_torch.benchmark --backend xgmi."""
         iters = self.args.iters
-        for size in (64 << 20, 1 << 30):
-            if size > self.n:
-                continue
-            base = self.copy_gbps(size)
-            for op in ("write", "read"):
-                def run():
-                    getattr(sess, op)(0, 0, size, 1).Wait()
-                self.record(op, size, 1, cuda_time(run, iters), base, case="single")
         base_1g = self.copy_gbps(self.n)
         self.base_1g = base_1g
         for seg in (4 << 10, 16 << 10, 64 << 10):
@@ -130,13 +130,9 @@ class Bench:
             for op in ("write", "read"):
                 fn = getattr(sess, f"batch_{op}")
 
-                def one():
-                    fn(lo, ro, sizes, 1).Wait()
-
                 def deep():
                     for st in [fn(lo, ro, sizes, 1) for _ in range(self.args.depth)]:
                         st.Wait()
-                self.record(op, seg, count, cuda_time(one, iters), base_1g, case="batch", vs="copy_ of the buffer")
                 t = cuda_time(deep, max(2, iters // self.args.depth)) / self.args.depth
                 self.record(op, seg, count, t, base_1g, case=f"batch, {self.args.depth} in flight",
                             vs="copy_ of the buffer")
@@ -284,7 +280,7 @@ def main():
     bench = Bench(args)
     print(f"{bench.machine}: {bench.src_dev} -> {bench.dst_dev}", flush=True)
     sess = bench.session()
-    bench.single_and_batches(sess)
+    bench.batches_in_flight(sess)
     bench.submit_cost(sess)
     bench.latency(sess, "io.py, default config")
     if args.latency_breakdown:

@@ -40,3 +40,13 @@ def install_mori_alias() -> None:
     import _mori_torch_alias
 
     _mori_torch_alias.install()
+
+
+def __getattr__(name: str):
+    # mori_torch.config (the settings table) loads on first use, so that
+    # `python -m mori_torch.config` runs it as a script without a warning.
+    if name == "config":
+        import importlib
+
+        return importlib.import_module(".config", __name__)
+    raise AttributeError(f"module 'mori_torch' has no attribute {name!r}")

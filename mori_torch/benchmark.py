@@ -6,12 +6,19 @@ buffer and hands its packed EngineDesc/MemoryDesc to the initiator through a
 multiprocessing Pipe; the initiator registers its own buffer and times
 transfers into (write) or out of (read) the target's buffer.
 
-Every case is measured against a baseline taken in the same run between the
-same two processes and the same buffers: a plain socket loopback moving the
-same bytes per iteration over the same number of TCP connections (one Python
-thread per connection; sendall/recv_into on memoryviews release the GIL),
-with the same request/response shape as the engine (write: data then a 1-byte
-acknowledgement; read: a 1-byte request then the data).
+Backends: tcp (host or GPU memory), rdma (verbs; needs an RDMA device), xgmi
+(GPU peers: GPU memory in both processes, the target on cuda:1 when there are
+two GPUs, else both on cuda:0; needs a GPU).
+
+Every case is measured against a baseline taken in the same run:
+- tcp and rdma: a plain socket loopback between the same two processes and
+  the same buffers, moving the same bytes per iteration over the same number
+  of TCP connections (one Python thread per connection; sendall/recv_into on
+  memoryviews release the GIL), with the same request/response shape as the
+  engine (write: data then a 1-byte acknowledgement; read: a 1-byte request
+  then the data);
+- xgmi: torch copy_ of the same bytes between the same two GPUs, in the
+  initiator process (the speed of the memory or the link).
 
     python -m mori_torch.benchmark --op-type write --buffer-size 64M \\
         --transfer-batch-size 1 --enable-sess --iters 20
@@ -49,7 +56,6 @@ KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
 
-SUPPORTED_BACKENDS = ("tcp",)
 ALL_BACKENDS = ("tcp", "rdma", "xgmi")
 # The engine's default TcpBackendConfig.striping_threshold_bytes: transfers of
 # at least this many bytes are striped across the data connections.
@@ -59,7 +65,12 @@ PIPE_TIMEOUT_S = 600.0
 
 
 class BenchError(Exception):
-    """A failure reported to the user as one line, without a traceback."""
+    """A failure reported to the user as one line, without a traceback;
+    ``exit_code`` is the command's exit status (2: a usage error)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------
@@ -113,10 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m mori_torch.benchmark",
         description="Benchmark mori_torch transfers between two processes on this machine, "
-        "each figure next to a socket-loopback baseline measured in the same run.",
+        "each figure next to a baseline measured in the same run (socket loopback; torch copy_ for xgmi).",
     )
     g = p.add_argument_group("MORI-IO benchmark flags")
-    g.add_argument("--backend", choices=ALL_BACKENDS, default="tcp", help="transfer backend (default: tcp; only tcp is implemented)")
+    g.add_argument("--backend", choices=ALL_BACKENDS, default="tcp",
+                   help="transfer backend: tcp, rdma (needs an RDMA device) or xgmi (GPU peers; needs a GPU) (default: tcp)")
     g.add_argument("--op-type", choices=("read", "write", "both"), default="read",
                    help="read: remote -> local; write: local -> remote; both: read cases then write cases (default: read)")
     g.add_argument("--buffer-size", type=parse_size, default=32 * KiB,
@@ -130,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--all-batch", action="store_true", help="sweep batch sizes 1, 2, 4, ..., 4096")
     g.add_argument("--num-qp-per-transfer", type=_positive_int, default=1,
                    help="RDMA queue pairs per transfer (accepted for compatibility; used by the rdma backend)")
-    g.add_argument("--mem-type", choices=("cpu", "gpu"), default="cpu", help="where the buffers live (default: cpu)")
+    g.add_argument("--mem-type", choices=("cpu", "gpu"), default=None,
+                   help="where the buffers live (default: gpu with --backend xgmi, else cpu)")
     g.add_argument("--iters", type=_positive_int, default=None,
                    help="timed iterations per case (default: auto, 10..200, about 2 GB moved per case)")
     g.add_argument("--warmup", type=_nonneg_int, default=2, help="untimed iterations per case (default: 2)")
@@ -166,16 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if args.backend not in SUPPORTED_BACKENDS:
-        raise BenchError(
-            f"--backend {args.backend} is not supported yet: mori_torch implements only the tcp backend "
-            f"for now (supported: {', '.join(SUPPORTED_BACKENDS)})"
-        )
+    if args.mem_type is None:
+        args.mem_type = "gpu" if args.backend == "xgmi" else "cpu"
+    if args.backend == "xgmi" and args.mem_type != "gpu":
+        raise BenchError("--backend xgmi moves GPU memory between GPU peers: use --mem-type gpu (or leave it out)")
     if args.mem_type == "gpu":
         import torch
 
         if not torch.cuda.is_available():
-            raise BenchError("--mem-type gpu needs a CUDA/HIP GPU; none is visible")
+            need = "--backend xgmi" if args.backend == "xgmi" else "--mem-type gpu"
+            raise BenchError(f"{need} needs a CUDA/HIP GPU; none is visible")
     if args.json_append and not args.json:
         raise BenchError("--json-append needs --json PATH")
 
@@ -292,15 +305,15 @@ def digest(mv: memoryview, offsets: Sequence[int], seg: int) -> str:
 
 
 class BenchBuffer:
-    """The registered buffer (on cuda:0 with --mem-type gpu) and its host
+    """The registered buffer (on `device` with --mem-type gpu) and its host
     side: the socket baseline moves host memory, and data checks hash a host
     copy of GPU bytes."""
 
-    def __init__(self, nbytes: int, gpu: bool):
+    def __init__(self, nbytes: int, gpu: bool, device: str = "cuda:0"):
         import torch
 
         self.gpu = gpu
-        self.mem = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0" if gpu else "cpu")
+        self.mem = torch.empty(nbytes, dtype=torch.uint8, device=device if gpu else "cpu")
         self.host = torch.empty(nbytes, dtype=torch.uint8) if gpu else self.mem
         self.mv = tensor_view(self.host)
 
@@ -310,14 +323,14 @@ class BenchBuffer:
             import torch
 
             self.mem[:nbytes].copy_(self.host[:nbytes])
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.mem.device)
 
     def digest(self, offsets: Sequence[int], seg: int) -> str:
         if self.gpu:
             import torch
 
             self.host.copy_(self.mem)
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.mem.device)
         return digest(self.mv, offsets, seg)
 
 
@@ -476,6 +489,40 @@ def run_baseline_initiator(socks, mv, op, parts, iters) -> List[int]:
 
 
 # --------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------
+
+
+def backend_config(args) -> dict:
+    """The backend's config fields from the flags (picklable: the target gets it too)."""
+    if args.backend == "tcp":
+        cfg = dict(num_data_conns=args.num_data_conns, enable_notification=not args.no_notification)
+        if args.staging_chunk_bytes is not None:
+            cfg["staging_chunk_bytes"] = args.staging_chunk_bytes
+        if args.staging_depth is not None:
+            cfg["staging_depth"] = args.staging_depth
+        return cfg
+    if args.backend == "rdma":
+        return dict(qp_per_transfer=args.num_qp_per_transfer, enable_notification=not args.no_notification)
+    return {}
+
+
+def create_backend(io, engine, backend: str, cfg: dict) -> None:
+    kind = {"tcp": (io.BackendType.TCP, io.TcpBackendConfig), "rdma": (io.BackendType.RDMA, io.RdmaBackendConfig),
+            "xgmi": (io.BackendType.XGMI, io.XgmiBackendConfig)}[backend]
+    engine.create_backend(kind[0], kind[1](**cfg))
+
+
+def gpu_devices(backend: str) -> Tuple[str, str]:
+    """(initiator's, target's) GPU: GPU peers use two GPUs where there are two."""
+    import torch
+
+    if backend == "xgmi" and torch.cuda.device_count() >= 2:
+        return "cuda:0", "cuda:1"
+    return "cuda:0", "cuda:0"
+
+
+# --------------------------------------------------------------------------
 # Target process
 # --------------------------------------------------------------------------
 
@@ -493,8 +540,8 @@ def _target_main(conn, cfg: dict) -> None:
         if cfg.get("quiet_log"):
             io.set_log_level("error")
         engine = io.IOEngine(f"bench-target-{os.getpid()}", io.IOEngineConfig(cfg["host"], 0))
-        engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(**cfg["tcp"]))
-        buf = BenchBuffer(cfg["buffer_bytes"], cfg["gpu"])
+        create_backend(io, engine, cfg["backend"], cfg["backend_cfg"])
+        buf = BenchBuffer(cfg["buffer_bytes"], cfg["gpu"], cfg["device"])
         mem = engine.register_torch_tensor(buf.mem)
         mv = buf.mv
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -621,20 +668,26 @@ class Initiator:
 
         self.io = io
         self.args = args
-        tcp = dict(num_data_conns=args.num_data_conns, enable_notification=not args.no_notification)
-        if args.staging_chunk_bytes is not None:
-            tcp["staging_chunk_bytes"] = args.staging_chunk_bytes
-        if args.staging_depth is not None:
-            tcp["staging_depth"] = args.staging_depth
+        bcfg = backend_config(args)
         gpu = args.mem_type == "gpu"
-        self.target = Target(dict(host=args.host, tcp=tcp, buffer_bytes=buffer_bytes, quiet_log=False, gpu=gpu))
+        mine, theirs = gpu_devices(args.backend)
         self.engine = None
+        self.target = None
         self.socks: List[socket.socket] = []
+        self.copy_src = None
         try:
-            _, eng_desc, mem_desc, bport = self.target.recv(120)
+            # The initiator's backend first: a backend that cannot start here
+            # (no RDMA device, no GPU) fails with its own message before a
+            # target process is spawned.
             self.engine = io.IOEngine(f"bench-initiator-{os.getpid()}", io.IOEngineConfig(args.host, 0))
-            self.engine.create_backend(io.BackendType.TCP, io.TcpBackendConfig(**tcp))
-            self.buf = BenchBuffer(buffer_bytes, gpu)
+            try:
+                create_backend(io, self.engine, args.backend, bcfg)
+            except RuntimeError as e:
+                raise BenchError(f"--backend {args.backend} cannot start on this machine: {e}") from None
+            self.target = Target(dict(host=args.host, backend=args.backend, backend_cfg=bcfg, buffer_bytes=buffer_bytes,
+                                      quiet_log=False, gpu=gpu, device=theirs))
+            _, eng_desc, mem_desc, bport = self.target.recv(120)
+            self.buf = BenchBuffer(buffer_bytes, gpu, mine)
             self.mem = self.engine.register_torch_tensor(self.buf.mem)
             self.mv = self.buf.mv
             self.remote_engine = io.EngineDesc.unpack(eng_desc)
@@ -644,7 +697,10 @@ class Initiator:
             self.sess = self.engine.create_session(self.mem, self.remote_mem)
             if self.sess is None:
                 raise BenchError("create_session returned None: no backend can serve this memory pair")
-            if not args.no_baseline:
+            if not args.no_baseline and args.backend == "xgmi":
+                # torch copy_ between the same two GPUs; the target's side is a tensor here.
+                self.copy_src = torch.empty(buffer_bytes, dtype=torch.uint8, device=theirs)
+            elif not args.no_baseline:
                 nb = args.baseline_conns or args.num_data_conns
                 self.target.conn.send(("accept", nb))
                 for _ in range(nb):
@@ -666,7 +722,8 @@ class Initiator:
             except Exception:
                 pass
             self.engine = None
-        self.target.close()
+        if self.target is not None:
+            self.target.close()
 
     # -- engine transfers -------------------------------------------------
 
@@ -725,7 +782,7 @@ class Initiator:
             raise BenchError(
                 f"data check failed for {case.op} {case.n} x {case.seg} B: destination bytes differ from the source"
             )
-        if not self.args.no_notification:
+        if not self.args.no_notification and self.args.backend != "xgmi":  # XGMI has no notices
             # The target records a write's notice right after answering it and
             # a read's when the initiator's notice message arrives: both may
             # trail Wait() a little, hence the target polls for them.
@@ -760,6 +817,8 @@ class Initiator:
 
     def baseline_iters(self, case: Case, iters: int, warmup: int) -> List[int]:
         """Times `warmup + iters` baseline iterations and returns the last `iters`."""
+        if self.copy_src is not None:
+            return self.copy_iters(case, iters, warmup)
         parts = self.baseline_parts(case)
         self.target.call("baseline_start", case.op, parts, iters + warmup)
         try:
@@ -769,6 +828,30 @@ class Initiator:
         if errs:
             raise BenchError("baseline target failed: " + errs[0])
         return lat[warmup:]
+
+    def copy_iters(self, case: Case, iters: int, warmup: int) -> List[int]:
+        """torch copy_ of the case's bytes between the two GPUs, synchronized per iteration."""
+        import torch
+
+        here, there = self.buf.mem[: case.total], self.copy_src[: case.total]
+        dst, src = (there, here) if case.op == "write" else (here, there)
+        lat: List[int] = []
+        pc = time.perf_counter_ns
+        for _ in range(iters + warmup):
+            t0 = pc()
+            dst.copy_(src)
+            torch.cuda.synchronize(dst.device)
+            lat.append(pc() - t0)
+        return lat[warmup:]
+
+
+def baseline_description(args) -> str:
+    if args.backend == "xgmi":
+        a, b = gpu_devices(args.backend)
+        return (f"torch copy_ of the same bytes between {b} and {a} in this run (the memory's or the link's speed); "
+                "ratio = mori_torch GB/s / copy_ GB/s (1.0 = as fast as copy_)")
+    return ("plain TCP sockets moving the same bytes between the same two processes over as many "
+            "connections, in this run; ratio = mori_torch GB/s / baseline GB/s (1.0 = as fast as raw sockets)")
 
 
 def print_table(rows: List[dict], file=sys.stdout) -> None:
@@ -811,8 +894,7 @@ def run(args, argv: Sequence[str]) -> List[dict]:
     for c in skipped:
         log(f"skipped {c.op} {c.n} x {fmt_size(c.seg)}: needs {fmt_size(c.total)} > --max-buffer {fmt_size(args.max_buffer)}")
     if not args.no_baseline:
-        log("baseline: plain TCP sockets moving the same bytes between the same two processes over as many "
-            "connections, in this run; ratio = mori_torch GB/s / baseline GB/s (1.0 = as fast as raw sockets)")
+        log("baseline: " + baseline_description(args))
     if args.transfer_batch_size is None and not args.all_batch:
         for seg in sorted({c.seg for c in cases if c.n < DEFAULT_BATCH}):
             log(f"{fmt_size(seg)} segments: {default_batch(seg, args.max_buffer)} per iteration, not "
@@ -858,8 +940,9 @@ def run(args, argv: Sequence[str]) -> List[dict]:
                 sess=bool(args.enable_sess),
                 batch=bool(args.enable_batch_transfer),
                 shuffle=bool(args.shuffle),
-                notifications=not args.no_notification,
-                engine_stripes=engine_stripes(case.total, args.num_data_conns) if args.enable_batch_transfer or case.n == 1 else None,
+                notifications=not args.no_notification and args.backend != "xgmi",
+                engine_stripes=engine_stripes(case.total, args.num_data_conns)
+                if args.backend == "tcp" and (args.enable_batch_transfer or case.n == 1) else None,
                 verified=verified,
                 machine=machine,
                 command=list(argv),
@@ -868,8 +951,8 @@ def run(args, argv: Sequence[str]) -> List[dict]:
             if not args.no_baseline:
                 base = summarize(case.total, blat)
                 rec["baseline"] = dict(
-                    kind="socket_loopback",
-                    conns=len(init.baseline_parts(case)),
+                    kind="torch_copy" if init.copy_src is not None else "socket_loopback",
+                    conns=None if init.copy_src is not None else len(init.baseline_parts(case)),
                     p50_us=base["p50_us"],
                     p99_us=base["p99_us"],
                     mean_us=base["mean_us"],
@@ -896,7 +979,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         records = run(args, [prog] + argv)
     except BenchError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2 if "not supported yet" in str(e) else 1
+        return e.exit_code
     except RuntimeError as e:  # raised by the engine (e.g. create_backend, register_*)
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1

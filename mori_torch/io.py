@@ -228,6 +228,9 @@ def _raise_if_type_error(e: RuntimeError) -> None:
     plain try costs nothing on the hot path, a context manager about a
     microsecond per call.
     """
+    # torch's own wording is all there is to go on: the TorchScript boundary
+    # raises a plain RuntimeError with no code (mori_torch's errors never
+    # take this path: they carry a StatusCode).
     msg = str(e)
     if "Expected a value of type" in msg or "Expected at most" in msg or "incompatible function arguments" in msg:
         raise TypeError(msg.splitlines()[0]) from None

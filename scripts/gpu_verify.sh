@@ -8,7 +8,12 @@
 #   scripts/gpu_verify.sh stream       # stream ordering across nodes, ops, examples
 #   scripts/gpu_verify.sh rest         # every other GPU test (XGMI, TCP GPU pages, paged KV, trust, hardening)
 #   scripts/gpu_verify.sh bench        # bench_ops, bench_kv_pull, bench_auth
-#   scripts/gpu_verify.sh all          # everything above, in this order (over 10 minutes)
+#   scripts/gpu_verify.sh peers        # compare_peers: mori_torch, NIXL, Mooncake TE on GPU and host memory
+#   scripts/gpu_verify.sh all          # everything above but peers, in this order (over 10 minutes)
+#
+# peers needs the slim wheels in .peer_wheels/ (python scripts/slim_peer_wheels.py
+# where a registry is reachable; carry .peer_wheels to the GPU machine): they are
+# installed into a temporary --target directory, never into the image's Python.
 #
 # The device image has torch, nvcc, ninja and pytest but no network: nothing
 # is installed here, and tests that need etcd skip.
@@ -42,13 +47,19 @@ STREAM_TESTS=(tests/python/test_stream_across_nodes.py tests/python/test_ops_gpu
   tests/python/test_benchmark_cli.py)
 
 stream() {
-  step pytest_stream python3 -m pytest -q -ra --timeout=300 -p no:cacheprovider "${STREAM_TESTS[@]}"
+  step pytest_stream python3 -m pytest -q -ra --timeout=300 -p no:cacheprovider --durations=20 "${STREAM_TESTS[@]}"
 }
+
+# CPU-only tests that need what the device image lacks: the `mori` alias's
+# .pth hook (a pip install), the rendezvous stores' network set-up, the
+# downloaded serving-engine sources. CI runs them.
+CPU_ONLY_TESTS=(tests/python/test_mori_alias.py tests/python/test_mori_compat.py tests/python/test_rendezvous.py)
 
 rest() {
   local deselect=()
-  for t in "${STREAM_TESTS[@]}"; do deselect+=(--ignore "$t"); done
-  step pytest_rest python3 -m pytest -q -ra --timeout=300 -p no:cacheprovider tests/python "${deselect[@]}"
+  for t in "${STREAM_TESTS[@]}" "${CPU_ONLY_TESTS[@]}"; do deselect+=(--ignore "$t"); done
+  step pytest_rest python3 -m pytest -q -ra --timeout=300 -p no:cacheprovider --durations=20 tests/python \
+    "${deselect[@]}"
 }
 
 bench() {
@@ -60,15 +71,29 @@ bench() {
   step bench_auth_aa python3 benchmarks/bench_auth.py --aa --iters 200 --json "$OUT/auth_tcp_aa_$gpu.json"
 }
 
+peers() {
+  local site
+  site=$(mktemp -d)/site
+  if ls .peer_wheels/*.whl >/dev/null 2>&1; then
+    step peers_install python3 -m pip install --no-index --no-deps --target "$site" .peer_wheels/*.whl
+  else
+    echo "== peers: no wheels in .peer_wheels/ (run scripts/slim_peer_wheels.py here first): mori_torch only"
+  fi
+  PYTHONPATH=$site:$PYTHONPATH step compare_peers python3 benchmarks/compare_peers.py --mem gpu cpu --timeout 150 \
+    --json "$OUT/peers_$gpu.json" --plot "$OUT/peers_$gpu.png" --markdown "$OUT/peers_$gpu.md"
+  cat "$OUT/peers_$gpu.md" 2>/dev/null
+}
+
 stage=${1:-all}
 case "$stage" in
   build) build ;;
   stream) build && stream ;;
   rest) build && rest ;;
   bench) build && bench ;;
+  peers) build && peers ;;
   all) build && stream && rest && bench ;;
   *)
-    echo "unknown stage '$stage': build, stream, rest, bench or all" >&2
+    echo "unknown stage '$stage': build, stream, rest, bench, peers or all" >&2
     exit 2
     ;;
 esac

@@ -34,6 +34,9 @@ fi
 "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
 # etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous").
 "$VENV/bin/pip" install -q "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7"
+# NIXL for benchmarks/compare_peers.py's host-memory test (its UCX runs over TCP
+# without a GPU), in its own directory so that nothing else imports it.
+"$VENV/bin/pip" install -q --no-deps --upgrade --target "$VENV/peers" nixl-cu13==1.5.1
 # --no-build-isolation: compile against the torch just installed, not a fresh one.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VENV/bin/pip" install -q --no-build-isolation -e .
 "$VENV/bin/python" -c "import mori_torch, torch; print('mori_torch built against torch', torch.__version__)"

@@ -3,6 +3,7 @@
 #include "backends/rdma/rdma_backend.h"
 #include "backends/tcp/tcp_backend.h"
 #include "backends/xgmi/xgmi_backend.h"
+#include "backends/xgmi/xgmi_ownership.h"
 #include "core/backend.h"
 
 namespace mori_torch {
@@ -19,6 +20,10 @@ std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& conf
       throw Error(StatusCode::ERR_INVALID_ARGS,
                   "create_backend: unknown backend type " + std::to_string(static_cast<int>(type)));
   }
+}
+
+std::vector<std::shared_ptr<EngineService>> MakeEngineServices(const BackendContext& ctx) {
+  return {std::make_shared<xgmi::MemoryOwnership>(ctx)};
 }
 
 }  // namespace mori_torch

@@ -38,6 +38,22 @@ struct TransferOp {
   uint16_t attempt = 0;
 };
 
+// The engine-wide part of a backend family, alive as long as its engine
+// whether or not the backend exists (MakeEngineServices): it owns the
+// control frames it Handles (the engine hands it each one) and may hook the
+// memory registry. XGMI's memory-ownership protocol is one.
+class EngineService {
+ public:
+  virtual ~EngineService() = default;
+  virtual bool Handles(FrameType type) const = 0;
+  // Answers `request` from `peer` (connected from `peer_ip`) in *reply;
+  // throws Error to answer with an error frame.
+  virtual void HandleControl(const EngineDesc& peer, const std::string& peer_ip, const Frame& request,
+                             Frame* reply) = 0;
+  // The engine is shutting down, after its memory was cleared: let go of it.
+  virtual void Shutdown() = 0;
+};
+
 // What a backend may use of its engine. Outlives every backend.
 struct BackendContext {
   const EngineDesc* self = nullptr;
@@ -45,11 +61,16 @@ struct BackendContext {
   std::string secret;
   MemoryRegistry* memory = nullptr;
   NotificationTable* notices = nullptr;
-  // For backends that map a peer's memory and write it directly (XGMI):
-  // asks the owner to tell this engine when `remote` is deregistered (see
-  // Backend::RevokeRemoteMemory) and checks that it is still registered as
-  // described; throws Error (ERR_NOT_FOUND) when it is not.
-  std::function<void(const MemoryDesc& remote)> watch_remote_memory;
+  // Sends `type` (MemLookup, or a service's request answered the same way)
+  // about `remote` to its owner and checks that the owner still has it
+  // registered as described; throws Error (ERR_NOT_FOUND) when it does not.
+  std::function<void(const MemoryDesc& remote, FrameType type)> ask_owner;
+  // True if `peer` is this engine or a registered remote engine, described
+  // exactly as registered.
+  std::function<bool(const EngineDesc& peer)> knows_engine;
+  int connect_timeout_ms = 5000;  // IOEngineConfig's, for connections of the engine's own
+  // The engine's services (MakeEngineServices); see FindService.
+  const std::vector<std::shared_ptr<EngineService>>* services = nullptr;
   // The engine's event loop, for backends that serve their inbound data
   // connections on it (outlives every backend; stopped after them).
   EventLoop* loop = nullptr;
@@ -94,11 +115,6 @@ class Backend {
   // Drops the peer: its in-flight transfers end with an error whose
   // message carries `reason` (why the engine dropped it).
   virtual void RemovePeer(const std::string& key, const std::string& reason) = 0;
-  // Engine `owner_key` deregistered memories `ids` that this backend may
-  // have watched (BackendContext::watch_remote_memory): later transfers to
-  // them must fail, and by the time this returns nothing this backend
-  // started may still touch them. Default: nothing mapped, nothing to do.
-  virtual void RevokeRemoteMemory(const std::string& /*owner_key*/, const std::vector<MemoryId>& /*ids*/) {}
   // Peers' memories this backend holds mapped now (tests, leak checks).
   virtual size_t MappedRemoteMemories() { return 0; }
   // Serves an inbound data connection until it ends; default refuses.
@@ -119,12 +135,18 @@ class Backend {
 // Builds a backend of `type`; throws Error naming bad config keys/values or
 // an unavailable backend. Defined with the backends (csrc/backends).
 std::shared_ptr<Backend> MakeBackend(BackendType type, const BackendConfig& config, const BackendContext& ctx);
+// The engine services of every backend family, for a new engine (ctx as the
+// backends get it). Defined with the backends.
+std::vector<std::shared_ptr<EngineService>> MakeEngineServices(const BackendContext& ctx);
 
-// Reads `name` from `config` (default when absent) and checks the range;
-// throws Error(ERR_INVALID_ARGS) naming the backend, key and value.
-int64_t ConfigValue(const BackendConfig& config, const char* backend, const std::string& name, int64_t def,
-                    int64_t min, int64_t max);
-// Throws if `config` holds a key not in `known`.
-void CheckConfigKeys(const BackendConfig& config, const char* backend, const std::vector<std::string>& known);
+// The engine's service of type T, or nullptr.
+template <typename T>
+std::shared_ptr<T> FindService(const BackendContext& ctx) {
+  if (ctx.services == nullptr) return nullptr;
+  for (const auto& s : *ctx.services) {
+    if (auto t = std::dynamic_pointer_cast<T>(s)) return t;
+  }
+  return nullptr;
+}
 
 }  // namespace mori_torch

@@ -414,9 +414,7 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   try {
     s = Connect(remote.host, remote.port, timeout_ms);
   } catch (const Error& e) {
-    Error named(e.code(), where + ": " + e.what());
-    if (e.path_failed()) named.MarkPathFailed();
-    throw named;
+    throw Error(where + ": ", e);
   }
   SetNoDelay(s.fd(), true);
   std::unique_ptr<auth::ClientHandshake> hs;
@@ -439,10 +437,10 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
     if (r.ok) r = ReadFrameBy(s.fd(), &reply, deadline);
   }
   if (!r.ok) {
-    Error e(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
-    // Reset or closed mid-handshake: the link's fault unless we timed out.
-    if (!r.timed_out) e.MarkPathFailed();
-    throw e;
+    // Reset or closed mid-handshake: the link's fault (a retry may work);
+    // a timeout is not.
+    throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error, 0,
+                r.timed_out ? ErrorCause::kUnspecified : ErrorCause::kPathFailed);
   }
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
   if (reply.type == FrameType::AuthChallenge) {
@@ -460,11 +458,13 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   }
   EngineDesc server = EngineDesc::Unpack(reply.payload.data(), reply.payload.size());
   if (server.key != remote.key) {
-    throw Error(StatusCode::ERR_NOT_FOUND, where + ": the engine listening there is '" + server.key + "'");
+    throw Error(StatusCode::ERR_NOT_FOUND, where + ": the engine listening there is '" + server.key + "'", 0,
+                ErrorCause::kWrongPeer);
   }
   if (remote.incarnation != 0 && server.incarnation != remote.incarnation) {
-    throw Error(StatusCode::ERR_NOT_FOUND, where + ": " + EngineRestartedMessage(remote.key, remote.incarnation,
-                                                                                 server.incarnation));
+    throw Error(StatusCode::ERR_NOT_FOUND,
+                where + ": " + EngineRestartedMessage(remote.key, remote.incarnation, server.incarnation), 0,
+                ErrorCause::kPeerRestarted);
   }
   return s;
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/config_table.h"
 #include "core/types.h"
 
 namespace mori_torch {
@@ -28,8 +29,8 @@ const Api& Lib() {
   static const Api api = [] {
     Api a;
     // Overridable so a test can point at a library that does not exist.
-    const char* name = std::getenv("MORI_TORCH_LIBCRYPTO");
-    if (!name || !*name) name = "libcrypto.so.3";
+    const std::string lib_name = config::EnvText("MORI_TORCH_LIBCRYPTO");
+    const char* name = lib_name.c_str();
     void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
       const char* e = dlerror();

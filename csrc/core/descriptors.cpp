@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "base/config_table.h"
 #include "core/byte_io.h"
 
 namespace mori_torch {
@@ -138,8 +139,8 @@ std::string LocalHostname() {
 
 std::string DefaultNodeId() {
   for (const char* var : {"MORI_TORCH_NODE_ID", "MORI_IO_NODE_ID"}) {
-    const char* v = std::getenv(var);
-    if (v && *v) return v;
+    std::string v = config::EnvText(var);
+    if (!v.empty()) return v;
   }
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string id;

@@ -1,18 +1,12 @@
 #include "core/engine.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <thread>
 
-#include "core/byte_io.h"
+#include "base/config_table.h"
 #include "core/crypto.h"
 #include "core/logging.h"
 #include "core/transfer_args.h"
@@ -48,12 +42,6 @@ Incarnation NewIncarnation() {
   return i;
 }
 
-void PutMemoryRef(ByteWriter& w, const MemoryDesc& d) {
-  w.Put<uint64_t>(d.id);
-  w.Put<uint64_t>(d.incarnation);
-  w.PutBytes(d.token.data(), d.token.size());
-}
-
 bool PageMapped(uint64_t p) {
   const uint64_t page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   unsigned char vec = 0;
@@ -79,17 +67,21 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   ctx_.secret = cfg_.secret;
   ctx_.memory = &memory_;
   ctx_.notices = &notices_;
-  ctx_.watch_remote_memory = [this](const MemoryDesc& d) { WatchRemoteMemory(d); };
+  ctx_.ask_owner = [this](const MemoryDesc& d, FrameType type) { LookupRemoteMemory(d, type); };
+  ctx_.knows_engine = [this](const EngineDesc& peer) { return KnowsEngine(peer); };
+  ctx_.connect_timeout_ms = cfg_.connect_timeout_ms;
+  ctx_.services = &services_;
   loop_ = std::make_unique<EventLoop>(cfg_.loop_threads);
   ctx_.loop = loop_.get();
-  if (const char* v = std::getenv("MORI_TORCH_FRAME_TIMEOUT_MS")) {
-    int ms = std::atoi(v);
-    if (ms > 0) cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
+  if (config::EnvIsSet("MORI_TORCH_FRAME_TIMEOUT_MS")) {
+    const int ms = static_cast<int>(config::EnvInt("MORI_TORCH_FRAME_TIMEOUT_MS"));
+    cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
   }
   driver_ = std::make_shared<RetryDriver>(cfg_.retry, cfg_.failover);
   driver_->SetRouter([this](const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg) {
     return PickPath(local, remote, path, msg);
   });
+  services_ = MakeEngineServices(ctx_);
   server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control, loop_.get());
   desc_.port = server_->Start(desc_.host, cfg.port);
   MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port
@@ -117,9 +109,11 @@ void Engine::Shutdown() {
   for (auto& b : backends) {
     if (b) b->Shutdown();
   }
-  // Peers that mapped our memory must stop writing into it: this process
-  // may reuse it once the engine is gone.
-  RevokeFromWatchers(memory_.Clear());
+  // Peers that mapped our memory must stop writing into it, since this
+  // process may reuse it once the engine is gone: the removal hooks (XGMI's
+  // memory ownership) take it back.
+  memory_.Clear();
+  for (auto& s : services_) s->Shutdown();
   loop_->Stop();
 }
 
@@ -259,9 +253,10 @@ void Engine::DeregisterMemory(const MemoryDesc& desc) {
     throw Error(StatusCode::ERR_NOT_FOUND, "deregister_memory: memory " + std::to_string(desc.id) +
                                                " is not registered with engine '" + desc_.key + "'");
   }
-  // Retires it (waits for local I/O), then takes it back from every engine
-  // that mapped it: when this returns, no peer writes into it any more.
-  if (memory_.Remove(desc.id)) RevokeFromWatchers({m});
+  // Retires it (waits for local I/O); the removal hooks then take it back
+  // from every engine that mapped it: when this returns, no peer writes
+  // into it any more.
+  memory_.Remove(desc.id);
 }
 
 std::shared_ptr<ControlClient> Engine::ClientFor(const std::string& engine_key) {
@@ -277,9 +272,7 @@ std::shared_ptr<ControlClient> Engine::ClientFor(const std::string& engine_key) 
 }
 
 void Engine::LookupRemoteMemory(const MemoryDesc& desc, FrameType type) {
-  ByteWriter w;
-  PutMemoryRef(w, desc);
-  Frame reply = ClientFor(desc.engine_key)->Call(type, w.bytes());
+  Frame reply = ClientFor(desc.engine_key)->Call(type, EncodeMemoryRef(desc));
   if (reply.type != FrameType::MemLookupReply) {
     throw Error(StatusCode::ERR_BAD_STATE, "engine '" + desc.engine_key + "' answered a memory lookup with frame type " +
                                                std::to_string(static_cast<int>(reply.type)));
@@ -297,65 +290,11 @@ void Engine::ValidateRemoteMemory(const MemoryDesc& desc) {
   LookupRemoteMemory(desc, FrameType::MemLookup);
 }
 
-void Engine::WatchRemoteMemory(const MemoryDesc& desc) {
-  if (desc.engine_key != desc_.key) return LookupRemoteMemory(desc, FrameType::MemWatch);
-  auto m = memory_.Find(desc.id, desc.token);  // a transfer within this engine
-  if (!m || m->desc.data != desc.data || m->desc.size != desc.size ||
-      m->AddWatcher(desc_) != LocalMemory::WatchResult::kAdded) {
-    throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(desc.id) + " is not registered with engine '" +
-                                               desc_.key + "' (deregistered?)");
-  }
-}
-
-void Engine::RevokeHere(const std::string& owner_key, const std::vector<MemoryId>& ids) {
-  ForEachBackend([&](Backend& b) { b.RevokeRemoteMemory(owner_key, ids); });
-}
-
-void Engine::RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>& mems) {
-  struct Notice {
-    EngineDesc to;
-    std::vector<MemoryId> ids;
-  };
-  std::unordered_map<std::string, Notice> by_engine;
-  for (const auto& m : mems) {
-    for (const EngineDesc& w : m->Watchers()) {
-      Notice& n = by_engine[w.key];
-      n.to = w;
-      n.ids.push_back(m->desc.id);
-    }
-  }
-  if (by_engine.empty()) return;
-  auto revoke = [this](const Notice& n) {
-    if (n.to.key == desc_.key) return RevokeHere(desc_.key, n.ids);
-    ByteWriter w;
-    w.Put<uint32_t>(static_cast<uint32_t>(n.ids.size()));
-    for (MemoryId id : n.ids) w.Put<uint64_t>(id);
-    try {
-      // A connection of its own: the watcher need not be a registered remote.
-      ControlClient client(desc_, n.to, cfg_.connect_timeout_ms, cfg_.secret);
-      client.Call(FrameType::MemRevoke, w.bytes());
-      client.Close();
-    } catch (const Error& e) {
-      // Refused: the watcher's engine is gone, and its mappings with it (an
-      // engine closes them when it shuts down). Anything else (a hung peer)
-      // deserves a warning: it may still hold a mapping.
-      const std::string what = e.what();
-      const bool gone = what.find(std::strerror(ECONNREFUSED)) != std::string::npos ||
-                        what.find("engine restarted") != std::string::npos;
-      if (gone) {
-        MORI_LOG(Info, "engine '" << desc_.key << "': engine '" << n.to.key << "' that mapped " << n.ids.size()
-                                  << " deregistered memory region(s) is gone: " << e.what());
-      } else {
-        MORI_LOG(Warning, "engine '" << desc_.key << "': could not revoke " << n.ids.size()
-                                     << " deregistered memory region(s) from engine '" << n.to.key
-                                     << "': " << e.what());
-      }
-    }
-  };
-  // In parallel, so a hung watcher costs one timeout, not one per watcher.
-  std::vector<std::thread> threads;
-  for (auto& kv : by_engine) threads.emplace_back(revoke, std::cref(kv.second));
-  for (auto& t : threads) t.join();
+bool Engine::KnowsEngine(const EngineDesc& peer) const {
+  if (peer == desc_) return true;
+  std::shared_lock<std::shared_mutex> lk(remotes_mu_);
+  auto it = remotes_.find(peer.key);
+  return it != remotes_.end() && it->second == peer;
 }
 
 StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, std::string* msg) {
@@ -528,90 +467,25 @@ StatusCode Engine::WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeo
   return pending ? StatusCode::IN_PROGRESS : StatusCode::SUCCESS;
 }
 
-bool Engine::FromAddressOf(const EngineDesc& peer, const std::string& peer_ip) {
-  if (peer.host == peer_ip) return true;
-  // A name: the address it resolves to now must be the one the request came from.
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(peer.host.c_str(), nullptr, &hints, &res) != 0) return false;
-  bool match = false;
-  for (addrinfo* a = res; a && !match; a = a->ai_next) {
-    char ip[INET_ADDRSTRLEN] = "";
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, ip, sizeof ip);
-    match = peer_ip == ip;
-  }
-  freeaddrinfo(res);
-  return match;
-}
-
 bool Engine::HandleControl(const EngineDesc& peer, const std::string& peer_ip, const Frame& request, Frame* reply) {
   switch (request.type) {
     case FrameType::Ping:
       reply->type = FrameType::Pong;
       return true;
-    case FrameType::MemLookup:
-    case FrameType::MemWatch: {  // the same answer; a watch also records the caller
-      const bool watch = request.type == FrameType::MemWatch;
-      ByteReader r(request.payload.data(), request.payload.size(), watch ? "MemWatch frame" : "MemLookup frame");
-      const uint64_t id = r.Get<uint64_t>("memory id");
-      const Incarnation incarnation = r.Get<uint64_t>("incarnation");
-      MemoryToken token;
-      r.GetBytes(token.data(), token.size(), "token");
-      r.ExpectEnd();
-      std::string msg;
-      auto m = memory_.FindForPeer(id, incarnation, token, &msg);
-      if (!m) throw Error(StatusCode::ERR_NOT_FOUND, msg);
-      if (watch) {
-        // The owner later connects to the watcher's address to revoke: it
-        // must be the address the watch came from, not one named by anybody.
-        if (!FromAddressOf(peer, peer_ip)) {
-          refused_watchers_.fetch_add(1);
-          throw Error(StatusCode::ERR_INVALID_ARGS, "MemWatch: engine '" + peer.key + "' names host '" + peer.host +
-                                                        "' but connected from " + peer_ip);
-        }
-        switch (m->AddWatcher(peer)) {
-          case LocalMemory::WatchResult::kAdded:
-            break;
-          case LocalMemory::WatchResult::kRetired:
-            throw Error(StatusCode::ERR_NOT_FOUND,
-                        "memory " + std::to_string(id) + " of engine '" + desc_.key + "' is being deregistered");
-          case LocalMemory::WatchResult::kFull:
-            refused_watchers_.fetch_add(1);
-            throw Error(StatusCode::ERR_BAD_STATE, "MemWatch: memory " + std::to_string(id) + " already has " +
-                                                       std::to_string(LocalMemory::kMaxWatchers) + " watchers");
-        }
-      }
+    case FrameType::MemLookup: {
+      auto m = memory_.FindByRef(request.payload, "MemLookup frame");
       reply->type = FrameType::MemLookupReply;
       reply->payload = m->desc.Pack();
       return true;
     }
-    case FrameType::MemRevoke: {
-      // Only the owner may take its memory back: a registered remote engine,
-      // described exactly as registered, from its own address.
-      {
-        std::shared_lock<std::shared_mutex> lk(remotes_mu_);
-        auto it = remotes_.find(peer.key);
-        const bool owner_known = (it != remotes_.end() && it->second == peer) || peer == desc_;
-        if (!owner_known || !FromAddressOf(peer, peer_ip)) {
-          throw Error(StatusCode::ERR_INVALID_ARGS, "MemRevoke: engine '" + peer.key + "' (from " + peer_ip +
-                                                        ") is not a registered remote engine at that address");
+    default:
+      // Frames a backend family owns (XGMI's MemWatch, MemRevoke ...).
+      for (const auto& s : services_) {
+        if (s->Handles(request.type)) {
+          s->HandleControl(peer, peer_ip, request, reply);
+          return true;
         }
       }
-      ByteReader r(request.payload.data(), request.payload.size(), "MemRevoke frame");
-      const uint32_t n = r.Get<uint32_t>("count");
-      if (uint64_t{n} * 8 != request.payload.size() - 4) {
-        throw Error(StatusCode::ERR_INVALID_ARGS, "MemRevoke frame: count " + std::to_string(n) + " does not match " +
-                                                      std::to_string(request.payload.size()) + " payload bytes");
-      }
-      std::vector<MemoryId> ids(n);
-      for (auto& id : ids) id = r.Get<uint64_t>("memory id");
-      RevokeHere(peer.key, ids);
-      reply->type = FrameType::MemRevokeAck;
-      return true;
-    }
-    default:
       return false;
   }
 }

@@ -95,9 +95,8 @@ class Engine : public ControlPlaneDelegate {
   // file descriptors since the engine started.
   int InboundConnections() const { return server_->OpenConnections(); }
   uint64_t RefusedConnections() const { return server_->RefusedConnections(); }
-  // Completion notices and watch requests dropped because their tables were full.
+  // Completion notices dropped because their table was full.
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
-  uint64_t RefusedWatchers() const { return refused_watchers_.load(); }
   // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
   FailoverCounters Failover() const { return {driver_->Stats(), driver_->health().Stats()}; }
@@ -128,32 +127,25 @@ class Engine : public ControlPlaneDelegate {
   // Calls fn for each backend that exists, fastest first (no lock held).
   void ForEachBackend(const std::function<void(Backend&)>& fn) const;
   std::shared_ptr<ControlClient> ClientFor(const std::string& engine_key);
-  // MemLookup or MemWatch of `desc` at its owner; throws unless the owner
-  // still has it registered as described.
+  // `type` (MemLookup, or a service's request answered the same way) about
+  // `desc` to its owner; throws unless the owner still has it registered as
+  // described (BackendContext::ask_owner).
   void LookupRemoteMemory(const MemoryDesc& desc, FrameType type);
-  // BackendContext::watch_remote_memory.
-  void WatchRemoteMemory(const MemoryDesc& desc);
-  // Tells every engine that watched one of `mems` (now retired) that it is
-  // gone and waits for each to acknowledge (bounded by connect_timeout_ms).
-  void RevokeFromWatchers(const std::vector<std::shared_ptr<LocalMemory>>& mems);
-  // Owner `owner_key` revoked `ids`: every backend stops using them.
-  void RevokeHere(const std::string& owner_key, const std::vector<MemoryId>& ids);
+  // BackendContext::knows_engine.
+  bool KnowsEngine(const EngineDesc& peer) const;
 
   // Throws ERR_BAD_STATE naming `what` once the engine is shut down.
   void CheckAlive(const char* what) const;
-  // True if a request from `peer` that arrived from `peer_ip` may be taken to
-  // come from that engine: its descriptor names that address. (Only a shared
-  // secret proves it; this stops a third host from steering us elsewhere.)
-  static bool FromAddressOf(const EngineDesc& peer, const std::string& peer_ip);
 
   EngineDesc desc_;
   EngineConfig cfg_;
   // First, so that it outlives everything that watches sockets on it.
   std::unique_ptr<EventLoop> loop_;
-  std::atomic<uint64_t> refused_watchers_{0};
   MemoryRegistry memory_;
   NotificationTable notices_;
   BackendContext ctx_;
+  // After memory_ and ctx_, which they use; before server_, which feeds them.
+  std::vector<std::shared_ptr<EngineService>> services_;
   std::shared_ptr<std::atomic<uint64_t>> next_uid_;
 
   mutable std::shared_mutex backends_mu_;

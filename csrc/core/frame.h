@@ -30,10 +30,10 @@ enum class FrameType : uint16_t {
   // (payload private to the backend named in the Hello).
   BackendRequest = 8,
   BackendReply = 9,
-  // One-sided backends (XGMI) write straight into a peer's memory, so the
-  // owner must be able to take it back: an importer watches a memory before
-  // it maps it, and the owner revokes it from every watcher when it is
-  // deregistered (acknowledged only after the importer stopped using it).
+  // XGMI's memory ownership (backends/xgmi/xgmi_ownership.h owns and handles
+  // them; the engine only hands them over): an importer watches a memory
+  // before it maps it, and the owner revokes it from every watcher when it
+  // is deregistered (acknowledged only after the importer stopped using it).
   MemWatch = 10,      // as MemLookup -> MemLookupReply; the caller becomes a watcher
   MemRevoke = 11,     // u32 count, count x u64 memory id (sent by the owner)
   MemRevokeAck = 12,  // empty

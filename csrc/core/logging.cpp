@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/config_table.h"
 #include "core/types.h"
 
 namespace mori_torch {
@@ -39,7 +40,12 @@ bool ParseLevel(std::string s, LogLevel* out) {
 
 LogLevel InitialLevel() {
   LogLevel level = LogLevel::Warning;
-  if (const char* env = std::getenv("MORI_TORCH_LOG_LEVEL")) ParseLevel(env, &level);
+  try {
+    level = static_cast<LogLevel>(config::EnvInt("MORI_TORCH_LOG_LEVEL"));
+  } catch (const Error& e) {
+    // Read at the first log line, wherever that is: never throw from here.
+    std::fprintf(stderr, "mori_torch: %s; logging at WARNING\n", e.what());
+  }
   return level;
 }
 

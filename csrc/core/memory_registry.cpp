@@ -1,5 +1,6 @@
 #include "core/memory_registry.h"
 
+#include "core/byte_io.h"
 #include "core/crypto.h"
 
 namespace mori_torch {
@@ -81,6 +82,27 @@ std::shared_ptr<LocalMemory> MemoryRegistry::FindForPeer(MemoryId id, Incarnatio
   return m;
 }
 
+std::shared_ptr<LocalMemory> MemoryRegistry::FindByRef(const std::vector<uint8_t>& payload, const char* what) const {
+  ByteReader r(payload.data(), payload.size(), what);
+  const uint64_t id = r.Get<uint64_t>("memory id");
+  const Incarnation incarnation = r.Get<uint64_t>("incarnation");
+  MemoryToken token;
+  r.GetBytes(token.data(), token.size(), "token");
+  r.ExpectEnd();
+  std::string msg;
+  auto m = FindForPeer(id, incarnation, token, &msg);
+  if (!m) throw Error(StatusCode::ERR_NOT_FOUND, msg);
+  return m;
+}
+
+std::vector<uint8_t> EncodeMemoryRef(const MemoryDesc& d) {
+  ByteWriter w;
+  w.Put<uint64_t>(d.id);
+  w.Put<uint64_t>(d.incarnation);
+  w.PutBytes(d.token.data(), d.token.size());
+  return w.bytes();
+}
+
 std::string EngineRestartedMessage(const std::string& key, Incarnation wanted, Incarnation current) {
   return "engine restarted: the request is for incarnation " + std::to_string(wanted) + " of engine '" + key +
          "', which is now incarnation " + std::to_string(current) + " (fetch its new descriptors)";
@@ -96,7 +118,7 @@ bool MemoryRegistry::Remove(MemoryId id) {
     map_.erase(it);
   }
   m->Retire();  // outside the lock: waits for running I/O only
-  RunRemovalHooks(m->desc);
+  RunRemovalHooks({m});
   return true;
 }
 
@@ -109,9 +131,9 @@ std::vector<std::shared_ptr<LocalMemory>> MemoryRegistry::Clear() {
   std::vector<std::shared_ptr<LocalMemory>> out;
   for (auto& kv : all) {
     kv.second->Retire();
-    RunRemovalHooks(kv.second->desc);
     out.push_back(std::move(kv.second));
   }
+  if (!out.empty()) RunRemovalHooks(out);
   return out;
 }
 
@@ -126,9 +148,9 @@ void MemoryRegistry::RemoveRemovalHook(uint64_t token) {
   hooks_.erase(token);
 }
 
-void MemoryRegistry::RunRemovalHooks(const MemoryDesc& d) {
+void MemoryRegistry::RunRemovalHooks(const std::vector<std::shared_ptr<LocalMemory>>& retired) {
   std::shared_lock<std::shared_mutex> lk(hooks_mu_);
-  for (auto& kv : hooks_) kv.second(d);
+  for (auto& kv : hooks_) kv.second(retired);
 }
 
 std::string CheckRange(const MemoryDesc& d, uint64_t offset, uint64_t size, const char* side) {

@@ -81,9 +81,11 @@ class MemoryUse {
 
 class MemoryRegistry {
  public:
-  // Called after a registration is retired (no local I/O uses it any more),
-  // so backends can drop what they derived from it (NIC registrations, ...).
-  using RemovalHook = std::function<void(const MemoryDesc&)>;
+  // Called after registrations are retired (no local I/O uses them any
+  // more): once per Remove with its one entry, once per Clear with all. So
+  // backends drop what they derived from them (NIC registrations ...) and
+  // take them back from the peers that mapped them, all in one go.
+  using RemovalHook = std::function<void(const std::vector<std::shared_ptr<LocalMemory>>& retired)>;
   // Returns a token for RemoveRemovalHook.
   uint64_t AddRemovalHook(RemovalHook hook);
   // After it returns, the hook is not running and will not run again.
@@ -102,6 +104,10 @@ class MemoryRegistry {
   // ERR_NOT_FOUND message: "engine restarted", or not registered).
   std::shared_ptr<LocalMemory> FindForPeer(MemoryId id, Incarnation incarnation, const MemoryToken& token,
                                            std::string* msg) const;
+  // The registration a peer's request payload names (EncodeMemoryRef);
+  // throws Error: ERR_INVALID_ARGS for a malformed payload (`what` names
+  // it), ERR_NOT_FOUND as FindForPeer.
+  std::shared_ptr<LocalMemory> FindByRef(const std::vector<uint8_t>& payload, const char* what) const;
   // The engine whose memories these are (named in FindForPeer's messages).
   void SetOwner(const std::string& key, Incarnation incarnation) {
     owner_key_ = key;
@@ -113,7 +119,7 @@ class MemoryRegistry {
   std::vector<std::shared_ptr<LocalMemory>> Clear();
 
  private:
-  void RunRemovalHooks(const MemoryDesc& d);
+  void RunRemovalHooks(const std::vector<std::shared_ptr<LocalMemory>>& retired);
 
   mutable std::shared_mutex mu_;
   std::string owner_key_;
@@ -124,6 +130,10 @@ class MemoryRegistry {
   std::map<uint64_t, RemovalHook> hooks_;
   std::unordered_map<MemoryId, std::shared_ptr<LocalMemory>> map_;
 };
+
+// Payload of a request that names one of an engine's memories (MemLookup,
+// MemWatch): id, owner incarnation, token.
+std::vector<uint8_t> EncodeMemoryRef(const MemoryDesc& d);
 
 // The message of a request aimed at an earlier process of engine `key`.
 std::string EngineRestartedMessage(const std::string& key, Incarnation wanted, Incarnation current);

@@ -161,13 +161,6 @@ Socket Listen(const std::string& host, int port, int* bound_port) {
 
 Socket Connect(const std::string& host, int port, int timeout_ms) {
   const std::string where = host + ":" + std::to_string(port);
-  // Reset while connecting: a listener that accepted and dropped us (the
-  // link's fault, worth another try); refused means nobody listens.
-  auto connect_error = [&](int e) {
-    Error err(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(e));
-    if (e == ECONNRESET || e == ECONNABORTED || e == EPIPE) err.MarkPathFailed();
-    return err;
-  };
   addrinfo* res = Resolve(host, port, false);
   Socket s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!s.valid()) {
@@ -177,17 +170,22 @@ Socket Connect(const std::string& host, int port, int timeout_ms) {
   int rc = ::connect(s.fd(), res->ai_addr, res->ai_addrlen);
   int err = errno;
   freeaddrinfo(res);
-  if (rc != 0 && err != EINPROGRESS) throw connect_error(err);
+  if (rc != 0 && err != EINPROGRESS) {
+    throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(err), err);
+  }
   if (rc != 0) {
     IoResult r = PollFor(s.fd(), POLLOUT, DeadlineAfterMs(timeout_ms));
     if (!r.ok) {
-      throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + r.error + " after " +
-                                                 std::to_string(timeout_ms) + " ms");
+      throw Error(StatusCode::ERR_BAD_STATE,
+                  "cannot connect to " + where + ": " + r.error + " after " + std::to_string(timeout_ms) + " ms",
+                  r.timed_out ? ETIMEDOUT : 0);
     }
     int so_err = 0;
     socklen_t len = sizeof(so_err);
     getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &so_err, &len);
-    if (so_err != 0) throw connect_error(so_err);
+    if (so_err != 0) {
+      throw Error(StatusCode::ERR_BAD_STATE, "cannot connect to " + where + ": " + Errno(so_err), so_err);
+    }
   }
   return s;
 }

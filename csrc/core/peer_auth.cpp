@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/config_table.h"
+
 namespace mori_torch {
 namespace auth {
 namespace {
@@ -40,10 +42,7 @@ std::string CheckVersion(uint8_t v, const char* what) {
 
 std::string ResolveSecret(const std::string& configured) {
   std::string s = configured;
-  if (s.empty()) {
-    const char* env = std::getenv("MORI_TORCH_SECRET");
-    if (env) s = env;
-  }
+  if (s.empty()) s = config::EnvText("MORI_TORCH_SECRET");
   if (s.size() > kMaxSecretBytes) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngineConfig: secret of " + std::to_string(s.size()) +
                                                   " bytes exceeds the limit of " + std::to_string(kMaxSecretBytes));

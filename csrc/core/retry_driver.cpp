@@ -94,11 +94,10 @@ bool RetryDriver::OnOutcome(const std::shared_ptr<Transfer>& t, StatusCode code,
   }
   const int64_t delay = t->next_backoff_ms;
   t->next_backoff_ms *= 2;
-  delays_.After(delay, [t, msg = *msg](bool run) {
+  delays_.After(delay, [t, code, msg = *msg](bool run) {
     auto d = t->driver.lock();
-    if (run && d) return d->Retry(t);
-    t->op.status->Update(StatusCode::ERR_BAD_STATE,
-                         "transfer failed: its engine shut down while a retry waited; last error: " + msg);
+    if (run && d) return d->Retry(t, code, msg);
+    t->op.status->Update(code, msg + " (the engine shut down while a retry waited)");
   });
   return true;
 }
@@ -113,13 +112,14 @@ StatusCode RetryDriver::Route(const MemoryDesc& local, const MemoryDesc& remote,
   return router(local, remote, path, msg);
 }
 
-void RetryDriver::Retry(const std::shared_ptr<Transfer>& t) {
+void RetryDriver::Retry(const std::shared_ptr<Transfer>& t, StatusCode last_code, const std::string& last_msg) {
   TransferPath path;
   std::string msg;
-  StatusCode c = Route(t->op.local->desc, t->op.remote, &path, &msg);
-  if (c != StatusCode::SUCCESS) {
+  if (Route(t->op.local->desc, t->op.remote, &path, &msg) != StatusCode::SUCCESS) {
+    // Nothing to retry on (the backend or engine went away): the failure
+    // that made us try is the one to report.
     exhausted_.fetch_add(1, std::memory_order_relaxed);
-    t->op.status->Update(c, "transfer failed: no path for attempt " + std::to_string(t->op.attempt + 2) + ": " + msg);
+    t->op.status->Update(last_code, last_msg + " (no path for a retry: " + msg + ")");
     return;
   }
   retries_.fetch_add(1, std::memory_order_relaxed);

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,14 @@
 #include "core/failover.h"
 
 namespace mori_torch {
+
+// True if `e` (thrown while opening a connection) is the path's fault: reset
+// or aborted while connecting or mid-handshake. Refused (nobody listens),
+// timeouts, auth and "engine restarted" are not.
+inline bool IsPathError(const Error& e) {
+  return e.cause() == ErrorCause::kPathFailed || e.sys_errno() == ECONNRESET || e.sys_errno() == ECONNABORTED ||
+         e.sys_errno() == EPIPE;
+}
 
 struct RetryPolicy {
   bool enabled = true;
@@ -74,7 +83,8 @@ class RetryDriver : public std::enable_shared_from_this<RetryDriver> {
   // The status's outcome hook for the current attempt of `t`.
   static void Arm(const std::shared_ptr<Transfer>& t);
   bool OnOutcome(const std::shared_ptr<Transfer>& t, StatusCode code, std::string* msg, bool path_failed);
-  void Retry(const std::shared_ptr<Transfer>& t);
+  // Attempt after one that failed with (last_code, last_msg).
+  void Retry(const std::shared_ptr<Transfer>& t, StatusCode last_code, const std::string& last_msg);
   // The router, or an empty one once shut down.
   Router CurrentRouter() const;
 

@@ -3,7 +3,7 @@
 // launch's parameters), so many small KV pages cost one launch.
 #include <atomic>
 
-#include "core/types.h"
+#include "base/error.h"
 #include "gpu/gpu_runtime.h"
 #include "gpu/vendor.h"
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/types.h"
+#include "base/error.h"
 
 #if MORI_WITH_GPU
 #include <dlfcn.h>

@@ -4,7 +4,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/types.h"
+#include "base/config_table.h"
+#include "base/error.h"
 #include "gpu/stream_ops.h"
 
 namespace mori_torch {
@@ -14,8 +15,7 @@ namespace {
 // Test hook: MORI_TORCH_FAIL_PINNED_CHUNK=k makes the k-th chunk of every
 // new set fail to pin, so tests can check that the ones before it are freed.
 int InjectedFailureAt() {
-  const char* v = std::getenv("MORI_TORCH_FAIL_PINNED_CHUNK");
-  return v ? std::atoi(v) : 0;
+  return static_cast<int>(config::EnvInt("MORI_TORCH_FAIL_PINNED_CHUNK"));
 }
 
 }  // namespace

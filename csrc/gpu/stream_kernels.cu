@@ -2,7 +2,7 @@
 // segment list from device memory when it runs (a CUDA graph replay sees the
 // block table of that replay), and the spin kernels that stand in for stream
 // memory operations where the driver has none.
-#include "core/types.h"
+#include "base/error.h"
 #include "gpu/stream_ops.h"
 #include "gpu/vendor.h"
 

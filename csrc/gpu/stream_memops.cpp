@@ -8,7 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/types.h"
+#include "base/config_table.h"
+#include "base/error.h"
 #include "gpu/stream_ops.h"
 
 #if MORI_WITH_GPU
@@ -36,10 +37,7 @@ void Check(gpuError_t e, const char* what) {
   }
 }
 
-bool SpinForcedByEnv() {
-  const char* v = std::getenv("MORI_TORCH_STREAM_FLAGS");
-  return v && std::strcmp(v, "spin") == 0;
-}
+bool SpinForcedByEnv() { return config::EnvInt("MORI_TORCH_STREAM_FLAGS") == 1; }  // "spin"
 
 #if MORI_HIP
 using Memops = bool;  // HIP always declares the calls

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "base/config_table.h"
+
 #include "core/logging.h"
 
 namespace mori_torch {
@@ -91,14 +93,16 @@ DoorbellSlot::~DoorbellSlot() {
 DoorbellService& DoorbellService::Instance() {
   // Never destroyed: captured graphs may ring it until the process ends.
   static DoorbellService* service = [] {
-    auto* s = new DoorbellService();
+    // Read here, on the first caller's thread, so a bad value is that
+    // caller's error rather than the progress thread's.
+    auto* s = new DoorbellService(std::chrono::microseconds(config::EnvInt("MORI_TORCH_DOORBELL_SPIN_US")));
     std::atexit([] { Instance().Stop(); });
     return s;
   }();
   return *service;
 }
 
-DoorbellService::DoorbellService() { thread_ = std::thread([this] { Loop(); }); }
+DoorbellService::DoorbellService(std::chrono::microseconds spin) : spin_(spin) { thread_ = std::thread([this] { Loop(); }); }
 
 void DoorbellService::Stop() {
   {
@@ -282,30 +286,11 @@ bool DoorbellService::Step(DoorbellSlot& slot) {
   return false;
 }
 
-// How long the progress thread stays hot after its last ring or completion
-// (MORI_TORCH_DOORBELL_SPIN_US, default 2000; 0 sleeps at once): a ring
-// found while spinning costs a few microseconds, one found after a sleep up
-// to the sleep. Idle, it sleeps in steps of at most 50 us.
-int64_t SpinMicros() {
-  static const int64_t us = [] {
-    const char* v = std::getenv("MORI_TORCH_DOORBELL_SPIN_US");
-    if (!v || !*v) return int64_t{2000};
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0' || n < 0 || n > 10000000) {
-      MORI_LOG(Warning, "MORI_TORCH_DOORBELL_SPIN_US='" << v << "' is not an integer in [0, 10000000]; using 2000");
-      return int64_t{2000};
-    }
-    return static_cast<int64_t>(n);
-  }();
-  return us;
-}
-
 void DoorbellService::Loop() {
   // Precise short sleeps: the default 50 us timer slack would add to every
   // ring found after a sleep. This thread makes no GPU call (see header).
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  const auto spin = std::chrono::microseconds(SpinMicros());
+  const auto spin = spin_;
   using Clock = std::chrono::steady_clock;
   auto last_activity = Clock::now();
   while (true) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -141,7 +142,7 @@ class DoorbellService {
   void Stop();
 
  private:
-  DoorbellService();
+  explicit DoorbellService(std::chrono::microseconds spin);
   void Loop();
   // Advances one slot; true when something happened.
   bool Step(DoorbellSlot& slot);
@@ -163,6 +164,11 @@ class DoorbellService {
   std::atomic<size_t> leased_count_{0};
   std::vector<std::shared_ptr<DoorbellSlot>> watched_;  // the loop's own
   std::thread thread_;
+  // How long the progress thread stays hot after its last ring or completion
+  // (MORI_TORCH_DOORBELL_SPIN_US; 0 sleeps at once): a ring found while
+  // spinning costs a few microseconds, one found after a sleep up to the
+  // sleep. Idle, it sleeps in steps of at most 50 us.
+  const std::chrono::microseconds spin_;
 };
 
 // Expands the segment description of a doorbell or host transfer into byte

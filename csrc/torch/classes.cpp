@@ -6,6 +6,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "base/config_table.h"
 #include "core/engine.h"
 #include "torch/classes.h"
 #include "core/logging.h"
@@ -127,21 +128,11 @@ struct EngineObj : torch::CustomClassHolder {
       EngineConfig cfg;
       cfg.host = host;
       cfg.secret = secret;
-      cfg.port = static_cast<int>(port);
-      if (port < 0 || port > 65535) {
-        throw Error(StatusCode::ERR_INVALID_ARGS, "IOEngineConfig: port " + std::to_string(port) + " out of range");
-      }
-      if (retry_attempts < 1 || retry_attempts > 64) {
-        throw Error(StatusCode::ERR_INVALID_ARGS,
-                    "IOEngineConfig: retry_attempts " + std::to_string(retry_attempts) + " out of range 1..64");
-      }
-      if (retry_budget_ms < 0) {
-        throw Error(StatusCode::ERR_INVALID_ARGS,
-                    "IOEngineConfig: retry_budget_ms " + std::to_string(retry_budget_ms) + " is negative");
-      }
+      cfg.port = static_cast<int>(config::Value({{"port", port}}, "IOEngineConfig", "port"));
       cfg.retry.enabled = cfg.failover.enabled = failover;
-      cfg.retry.max_attempts = static_cast<int>(retry_attempts);
-      cfg.retry.budget_ms = retry_budget_ms;
+      cfg.retry.max_attempts =
+          static_cast<int>(config::Value({{"retry_attempts", retry_attempts}}, "IOEngineConfig", "retry_attempts"));
+      cfg.retry.budget_ms = config::Value({{"retry_budget_ms", retry_budget_ms}}, "IOEngineConfig", "retry_budget_ms");
       e = std::make_shared<Engine>(key, cfg);
       return 0;
     });

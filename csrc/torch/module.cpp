@@ -1,15 +1,18 @@
 // Makes the extension importable as mori_torch._C; importing it runs the
 // TORCH_LIBRARY registrations of the other files in this library: the
 // custom classes (classes.cpp) and the ops torch.ops.mori.* (ops_*.cpp).
-// Its one Python function turns the offset lists that serving engines pass
-// into int64 tensors in one pass in C (a few ns per entry), since the
-// TorchScript boundary converts a List[int] at about 20 ns per entry.
+// Its Python functions: int64_tensor turns the offset lists that serving
+// engines pass into int64 tensors in one pass in C (a few ns per entry),
+// since the TorchScript boundary converts a List[int] at about 20 ns per
+// entry; config_table hands the settings table to mori_torch.config.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/ATen.h>
 
 #include <string>
+
+#include "base/config_table.h"
 
 namespace {
 
@@ -69,9 +72,33 @@ PyObject* Int64Tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return THPVariable_Wrap(std::move(t));
 }
 
+// config_table() -> [(scope, name, kind, default, min, max, text_default,
+// choices, doc, overrides)], the rows of base/config_table.cpp in order.
+PyObject* ConfigTable(PyObject*, PyObject*) {
+  using mori_torch::config::Kind;
+  const auto& rows = mori_torch::config::Table();
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& e = rows[i];
+    static const char* kKinds[] = {"int", "bool", "choice", "text"};
+    PyObject* row = Py_BuildValue("(sssLLLssss)", e.scope, e.name, kKinds[static_cast<int>(e.kind)],
+                                  static_cast<long long>(e.def), static_cast<long long>(e.min),
+                                  static_cast<long long>(e.max), e.text_def, e.choices, e.doc, e.overrides);
+    if (row == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), row);
+  }
+  return out;
+}
+
 PyMethodDef kMethods[] = {
     {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
      "int64_tensor(values, what) -> a CPU int64 tensor of the list or tuple of ints `values`; errors name `what`."},
+    {"config_table", ConfigTable, METH_NOARGS,
+     "config_table() -> the settings table (environment variables and config keys); see mori_torch.config."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

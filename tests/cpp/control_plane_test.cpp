@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -521,8 +522,18 @@ TEST_F(ControlPlaneTest, ControlClientAndOpenEngineConnection) {
   auto e3 = CatchError([&] { OpenEngineConnection(self_, gone, ConnectionKind::Control, 0, 2000); });
   ASSERT_TRUE(e3.has_value());
   // Refused; or, if another test process grabbed the port meanwhile, the
-  // wrong engine answers and is caught by the key check.
+  // wrong engine answers and is caught by the key check. Either way the
+  // error says why in fields, not only in words.
   EXPECT_TRUE(e3->code() == StatusCode::ERR_BAD_STATE || e3->code() == StatusCode::ERR_NOT_FOUND) << e3->what();
+  EXPECT_TRUE(e3->sys_errno() == ECONNREFUSED || e3->cause() == ErrorCause::kWrongPeer) << e3->what();
+  // The engine there is a later incarnation than the descriptor names.
+  EngineDesc earlier = server_->Desc();
+  earlier.incarnation ^= 1;
+  auto e4 = CatchError([&] { OpenEngineConnection(self_, earlier, ConnectionKind::Control, 0, 2000); });
+  ASSERT_TRUE(e4.has_value());
+  EXPECT_EQ(e4->code(), StatusCode::ERR_NOT_FOUND);
+  EXPECT_EQ(e4->cause(), ErrorCause::kPeerRestarted) << e4->what();
+  EXPECT_EQ(e4->sys_errno(), 0);
 }
 
 TEST_F(ControlPlaneTest, ManyAbusiveConnectionsAtOnce) {

@@ -2,6 +2,7 @@
 // and retirement that waits for running I/O.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <thread>
@@ -194,9 +195,13 @@ TEST(MemoryRegistryTest, RemovalHooksRunAfterRetirementUntilRemoved) {
   std::vector<MemoryId> seen;
   bool retired_when_called = true;
   std::shared_ptr<LocalMemory> watched = a;
-  uint64_t token = r.AddRemovalHook([&](const MemoryDesc& d) {
-    seen.push_back(d.id);
-    if (d.id == watched->desc.id) retired_when_called = watched->retired();
+  int calls = 0;
+  uint64_t token = r.AddRemovalHook([&](const std::vector<std::shared_ptr<LocalMemory>>& retired) {
+    ++calls;
+    for (const auto& m : retired) {
+      seen.push_back(m->desc.id);
+      if (m == watched) retired_when_called = watched->retired();
+    }
   });
   EXPECT_FALSE(r.Remove(99));  // unknown id: no hook call
   EXPECT_TRUE(r.Remove(a->desc.id));
@@ -205,9 +210,20 @@ TEST(MemoryRegistryTest, RemovalHooksRunAfterRetirementUntilRemoved) {
   r.RemoveRemovalHook(token);
   EXPECT_TRUE(r.Remove(b->desc.id));  // hook gone: not called
   EXPECT_EQ(seen.size(), 1u);
-  r.AddRemovalHook([&](const MemoryDesc& d) { seen.push_back(d.id); });
-  r.Clear();  // shutdown retires what is left and tells the hooks
-  EXPECT_EQ(seen, (std::vector<MemoryId>{0, c->desc.id}));
+  EXPECT_EQ(calls, 1);
+  auto d = r.Add(Desc(0x4000, 40));
+  std::vector<std::vector<MemoryId>> batches;
+  r.AddRemovalHook([&](const std::vector<std::shared_ptr<LocalMemory>>& retired) {
+    batches.emplace_back();
+    for (const auto& m : retired) {
+      EXPECT_TRUE(m->retired());
+      batches.back().push_back(m->desc.id);
+    }
+  });
+  r.Clear();  // shutdown retires what is left and tells each hook once, about all of it
+  ASSERT_EQ(batches.size(), 1u);
+  std::sort(batches[0].begin(), batches[0].end());
+  EXPECT_EQ(batches[0], (std::vector<MemoryId>{c->desc.id, d->desc.id}));
 }
 
 TEST(MemoryRegistryTest, WatchersAreKeptPerEngineAndRefusedOnceRetired) {

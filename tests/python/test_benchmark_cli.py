@@ -1,5 +1,5 @@
-"""The benchmark CLI runs end to end (two processes, engine + socket baseline)
-and refuses backends that are not implemented yet with a clear message."""
+"""The benchmark CLI runs end to end (two processes, engine + same-run
+baseline) on every backend the machine has, and refuses the others clearly."""
 import json
 import os
 import subprocess
@@ -61,11 +61,33 @@ def test_large_segments_without_a_batch_size_fit_the_buffer_limit(tmp_path):
     assert r["segment_bytes"] == 64 << 20 and r["segments"] == 4 and r["verified"] is True
 
 
-@pytest.mark.parametrize("backend", ["rdma", "xgmi"])
-def test_unimplemented_backend_is_refused(backend):
-    p = _run("--backend", backend, "--iters", "1", timeout=60)
-    assert p.returncode != 0
-    assert f"--backend {backend} is not supported yet" in p.stderr
+def _rdma_devices():
+    try:
+        return os.listdir("/sys/class/infiniband")
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(bool(_rdma_devices()), reason="checks the message shown without an RDMA device")
+def test_rdma_without_a_device_is_refused():
+    p = _run("--backend", "rdma", "--buffer-size", "64K", "--transfer-batch-size", "2", "--iters", "1", timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "--backend rdma cannot start on this machine" in p.stderr and "RDMA device" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_xgmi_without_gpu_is_refused():
+    p = _run("--backend", "xgmi", "--iters", "1", timeout=60)
+    assert p.returncode == 1
+    assert "--backend xgmi needs a CUDA/HIP GPU" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_xgmi_with_host_memory_is_refused():
+    p = _run("--backend", "xgmi", "--mem-type", "cpu", "--iters", "1", timeout=60)
+    assert p.returncode == 1
+    assert "--backend xgmi moves GPU memory between GPU peers" in p.stderr
     assert "Traceback" not in p.stderr
 
 
@@ -79,12 +101,21 @@ def test_gpu_memory_without_gpu_is_refused():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 @pytest.mark.parametrize("op", ["read", "write"])
-def test_gpu_memory_over_tcp(tmp_path, op):
+@pytest.mark.parametrize("backend", ["tcp", "xgmi"])
+def test_gpu_memory(tmp_path, backend, op):
+    # tcp: GPU memory through staging buffers, socket baseline; xgmi: GPU
+    # peers (cuda:1 as the target where there are two GPUs), copy_ baseline.
     out = tmp_path / "bench.json"
     p = _run(
-        "--mem-type", "gpu", "--op-type", op, "--buffer-size", "1M", "--transfer-batch-size", "8",
-        "--enable-batch-transfer", "--shuffle", "--iters", "3", "--warmup", "1", "--json", str(out),
+        "--backend", backend, "--mem-type", "gpu", "--op-type", op, "--buffer-size", "256K",
+        "--transfer-batch-size", "8", "--enable-batch-transfer", "--enable-sess", "--shuffle", "--iters", "3",
+        "--warmup", "1", "--json", str(out),
     )
     assert p.returncode == 0, p.stdout + p.stderr
     (r,) = json.loads(out.read_text())
-    assert r["mem"] == "gpu" and r["op"] == op and r["verified"] is True and r["gbps"] > 0
+    assert r["backend"] == backend and r["mem"] == "gpu" and r["op"] == op and r["verified"] is True
+    assert r["baseline"]["kind"] == ("torch_copy" if backend == "xgmi" else "socket_loopback")
+    assert r["gbps"] > 0 and r["baseline_gbps"] > 0
+    assert r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
+    if backend == "xgmi":
+        assert "baseline: torch copy_ of the same bytes between cuda:" in p.stderr

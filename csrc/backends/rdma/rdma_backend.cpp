@@ -36,7 +36,9 @@ RdmaBackend::RdmaBackend(const RdmaConfig& cfg, const BackendContext& ctx)
   // NIC registrations go with the memory: dropped once it is retired (no
   // local transfer uses it any more), after which remote access fails.
   RdmaShared* s = shared_.get();
-  hook_ = ctx.memory->AddRemovalHook([s](const MemoryDesc& d) { s->mrs.Drop(d.id); });
+  hook_ = ctx.memory->AddRemovalHook([s](const std::vector<std::shared_ptr<LocalMemory>>& retired) {
+    for (const auto& m : retired) s->mrs.Drop(m->desc.id);
+  });
 }
 
 bool RdmaBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc&) const {

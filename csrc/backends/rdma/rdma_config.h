@@ -12,22 +12,23 @@ namespace rdma {
 
 enum class PollCqMode : int { POLLING = 0, EVENT = 1 };
 
+// FromMap sets every field; defaults, ranges and docs: base/config_table.cpp.
 struct RdmaConfig {
-  int64_t qp_per_transfer = 1;
-  int64_t post_batch_size = -1;     // -1: ceil(work requests / QPs), one chain per QP
-  int64_t num_worker_threads = -1;  // completion threads; -1: one
-  PollCqMode poll_cq_mode = PollCqMode::POLLING;
-  bool enable_notification = true;
-  int64_t notif_per_qp = 1024;  // receive buffers per QP for completion notices
-  bool enable_transfer_chunking = false;
-  int64_t chunk_bytes = 65536;
-  int64_t max_chunks_per_transfer = 64;
-  int64_t num_nics_per_transfer = 1;
+  int64_t qp_per_transfer{};
+  int64_t post_batch_size{};     // -1: ceil(work requests / QPs), one chain per QP
+  int64_t num_worker_threads{};  // completion threads; -1: one
+  PollCqMode poll_cq_mode{};
+  bool enable_notification{};
+  int64_t notif_per_qp{};  // receive buffers per QP for completion notices
+  bool enable_transfer_chunking{};
+  int64_t chunk_bytes{};
+  int64_t max_chunks_per_transfer{};
+  int64_t num_nics_per_transfer{};
   // mori_torch extensions.
-  int64_t gid_index = -1;  // -1: the port's IPv4-mapped RoCE v2 GID (or env MORI_RDMA_GID_INDEX)
-  int64_t sq_depth = 512;  // send work requests per QP
-  int64_t sq_full_timeout_ms = 10000;  // how long a chain waits for send-queue room
-  int64_t connect_timeout_ms = 5000;
+  int64_t gid_index{};  // -1: the port's IPv4-mapped RoCE v2 GID (or env MORI_RDMA_GID_INDEX)
+  int64_t sq_depth{};  // send work requests per QP
+  int64_t sq_full_timeout_ms{};  // how long a chain waits for send-queue room
+  int64_t connect_timeout_ms{};
 
   static RdmaConfig FromMap(const BackendConfig& m);
   int CompletionThreads() const { return num_worker_threads < 1 ? 1 : static_cast<int>(num_worker_threads); }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "base/config_table.h"
 #include "core/logging.h"
 #include "core/types.h"
 
@@ -29,11 +30,10 @@ std::vector<std::string> SplitNames(const char* s) {
   return out;
 }
 
-const char* EnvAny(const char* a, const char* b) {
-  const char* v = std::getenv(a);
-  if (v && *v) return v;
-  v = std::getenv(b);
-  return v && *v ? v : nullptr;
+// mori_torch's variable, else MORI's name for it; "" when neither is set.
+std::string EnvAny(const char* ours, const char* mori) {
+  std::string v = config::EnvText(ours);
+  return v.empty() ? config::EnvText(mori) : v;
 }
 
 bool Ipv4Mapped(const ibv_gid& g) {
@@ -91,22 +91,15 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
   std::string gid_from = "gid_index";  // where an explicit index came from, for messages
   if (gid_index < 0) {
     for (const char* env : {"MORI_TORCH_RDMA_GID_INDEX", "MORI_RDMA_GID_INDEX"}) {
-      const char* v = std::getenv(env);
-      if (!v || !*v) continue;
-      char* end = nullptr;
-      errno = 0;
-      const long x = std::strtol(v, &end, 10);
-      if (errno || *end || x < 0 || x > 65535) {
-        throw Error(StatusCode::ERR_INVALID_ARGS,
-                    std::string(env) + "='" + v + "' is not a GID index (0..65535)");
-      }
-      gid_index = x;
+      if (!config::EnvIsSet(env)) continue;
+      gid_index = config::EnvInt(env);
       gid_from = env;
       break;
     }
   }
   std::vector<std::string> wanted;
-  if (const char* v = EnvAny("MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICE")) wanted = SplitNames(v);
+  const std::string names = EnvAny("MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICE");
+  if (!names.empty()) wanted = SplitNames(names.c_str());
 
   int n = 0;
   errno = 0;

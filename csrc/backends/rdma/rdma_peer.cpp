@@ -60,7 +60,7 @@ void RdmaPeer::Close(const std::string& reason) {
     close_reason_ = reason;
     c.swap(conn_);
   }
-  if (c) c->Break(reason);
+  if (c) c->Break(reason, /*path_failed=*/false);  // on purpose: nothing to retry
   // The QPs flush and fail what is in flight once the last submit using the
   // connection lets go of it (here, unless one is running).
 }
@@ -77,9 +77,9 @@ RdmaPeer::Conn::~Conn() {
   qps.clear();  // flush, drain, fail leftovers, destroy
 }
 
-void RdmaPeer::Conn::Break(const std::string& reason) {
+void RdmaPeer::Conn::Break(const std::string& reason, bool path_failed) {
   if (broken.exchange(true)) return;
-  for (auto& q : qps) q->Break(reason);
+  for (auto& q : qps) q->Break(reason, path_failed);
   sock.Shutdown();
 }
 
@@ -339,7 +339,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     p.qp->Unreserve(slots);
     delete chain;
     if (failure.empty()) failure = why;
-    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why, p.qp->broken());
+    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why, p.qp->path_broken());
     return false;
   };
 
@@ -362,7 +362,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
         post_chain(p, n, false, static_cast<uint32_t>(n));
       } else {
         p.next += n;
-        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->broken());
+        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->path_broken());
       }
       more = more || p.next < stop;
     }
@@ -396,7 +396,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     if (!failure.empty()) {
       if (k < reserved) p.qp->Unreserve(slots);
       p.next += p.tail;
-      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->broken());
+      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->path_broken());
       continue;
     }
     if (post_chain(p, p.tail, true, slots)) {

@@ -118,16 +118,17 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   return true;
 }
 
-bool SendQp::broken() const {
+bool SendQp::path_broken() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return broken_;
+  return broken_ && broken_path_;
 }
 
-void SendQp::Break(const std::string& reason) {
+void SendQp::Break(const std::string& reason, bool path_failed) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_) {
       broken_ = true;
+      broken_path_ = path_failed;
       broken_reason_ = reason;
     }
     room_.notify_all();
@@ -148,6 +149,7 @@ void SendQp::OnCompletion(const ibv_wc& wc) {
       std::lock_guard<std::mutex> lk(mu_);
       if (broken_ && wc.status == IBV_WC_WR_FLUSH_ERR) {
         c->msg = std::string(c->xfer->verb) + " to engine '" + peer_key_ + "' aborted: " + broken_reason_;
+        c->path_failed = broken_path_;
       } else {
         c->msg = CompletionError(dev_->api, wc, c->xfer->verb, peer_key_);
         first_failure = !broken_;
@@ -185,9 +187,12 @@ bool SendQp::Idle() {
 
 void SendQp::OnClosed() {
   std::deque<Chain*> left;
+  bool path;
   {
     std::lock_guard<std::mutex> lk(mu_);
     left.swap(outstanding_);
+    if (!broken_) broken_path_ = true;  // closed under us: the path's failure
+    path = broken_path_;
     broken_ = true;
     if (broken_reason_.empty()) broken_reason_ = "connection to engine '" + peer_key_ + "' closed";
     room_.notify_all();
@@ -195,7 +200,7 @@ void SendQp::OnClosed() {
   for (Chain* c : left) {
     c->xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, std::string(c->xfer->verb) + " to engine '" + peer_key_ +
                                                             "' did not complete: " + broken_reason_,
-                                /*path_failed=*/true);
+                                path);
     delete c;
   }
 }

@@ -58,8 +58,10 @@ class SendQp : public RdmaQp {
   uint32_t depth() const { return depth_; }
   // Waits until `n` slots are free (or the deadline passes, or the QP fails).
   bool Reserve(uint32_t n, Deadline deadline, std::string* why);
-  // True once the QP is in error or closed (its failures are path failures).
-  bool broken() const;
+  // True once the QP failed on its own (in error, peer gone): its failures
+  // are path failures. A QP broken on purpose (peer removed, backend
+  // removed, engine shut down) is not.
+  bool path_broken() const;
   void Unreserve(uint32_t n);
   // Fills the next notice buffer and returns its scatter entry.
   ibv_sge Notice(uint64_t uid, uint32_t parts_total);
@@ -69,7 +71,8 @@ class SendQp : public RdmaQp {
   // the flush.
   bool Post(ibv_send_wr* first, Chain* chain, std::string* why);
   // Fails the QP with `reason`; reported for every flushed chain.
-  void Break(const std::string& reason);
+  // `path_failed`: the path broke (false: closed on purpose).
+  void Break(const std::string& reason, bool path_failed = true);
   // Called (on the completion thread) when a work request fails for a reason
   // other than a flush: the QP is then in the error state and unusable.
   void SetOnError(std::function<void(const std::string&)> f) { on_error_ = std::move(f); }
@@ -90,6 +93,7 @@ class SendQp : public RdmaQp {
   uint32_t used_ = 0;
   bool broken_ = false;
   std::string broken_reason_;
+  bool broken_path_ = true;  // broken_ by a failure of the path (Break's path_failed)
   std::deque<Chain*> outstanding_;  // in posting order; completions come in order
   std::vector<NoticeWire> notices_;
   ibv_mr* notice_mr_ = nullptr;

@@ -3,8 +3,9 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
-
 #include <mutex>
+
+#include "base/config_table.h"
 
 namespace mori_torch {
 namespace rdma {
@@ -29,8 +30,8 @@ bool Resolve(void* lib, const char* name, Fn* out, std::string* why, bool requir
 Loaded Load() {
   Loaded l;
   // Overridable so a test can point at a library that does not exist.
-  const char* name = std::getenv("MORI_TORCH_IBVERBS_LIB");
-  if (!name || !*name) name = "libibverbs.so.1";
+  const std::string lib_name = config::EnvText("MORI_TORCH_IBVERBS_LIB");
+  const char* name = lib_name.c_str();
   void* lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL);  // providers resolve ibv_* against it
   if (!lib) {
     const char* e = dlerror();

@@ -74,7 +74,7 @@ bool TcpBackend::AdoptData(const EngineDesc& peer, InboundConnection& conn) {
   in->peer = peer;
   in->conn = std::move(conn);
   const int fd = in->conn.sock.fd();
-  SetNoDelay(fd, true);
+  SetNoDelay(fd, cfg_.enable_ctrl_nodelay);
   SetBufferSizes(fd, static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
   SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
                static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));

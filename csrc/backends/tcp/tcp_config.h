@@ -8,33 +8,34 @@
 namespace mori_torch {
 namespace tcp {
 
+// FromMap sets every field; defaults, ranges and docs: base/config_table.cpp.
 struct TcpConfig {
-  int64_t sock_sndbuf_bytes = 32 << 20;
-  int64_t sock_rcvbuf_bytes = 32 << 20;
+  int64_t sock_sndbuf_bytes{};
+  int64_t sock_rcvbuf_bytes{};
   // Whole operation: a transfer not finished this long after submission fails.
-  int64_t op_timeout_ms = 30000;
+  int64_t op_timeout_ms{};
   // mori_torch extension: a connection that moves no byte for this long while
   // a transfer waits on it fails that transfer (and the connection), long
   // before op_timeout_ms. A slow but live link (loss, delay) keeps moving
   // bytes and is not cut off by it; raise op_timeout_ms for long transfers.
-  int64_t inactivity_timeout_ms = 10000;
-  bool enable_keepalive = true;
-  int64_t keepalive_idle_sec = 30;
-  int64_t keepalive_intvl_sec = 10;
-  int64_t keepalive_cnt = 3;
-  bool enable_ctrl_nodelay = true;
-  int64_t num_data_conns = 8;
-  int64_t striping_threshold_bytes = 64 << 10;
-  int64_t connect_timeout_ms = 5000;
+  int64_t inactivity_timeout_ms{};
+  bool enable_keepalive{};
+  int64_t keepalive_idle_sec{};
+  int64_t keepalive_intvl_sec{};
+  int64_t keepalive_cnt{};
+  bool enable_ctrl_nodelay{};
+  int64_t num_data_conns{};
+  int64_t striping_threshold_bytes{};
+  int64_t connect_timeout_ms{};
   // mori_torch extension: record inbound completion notices on the target.
-  bool enable_notification = true;
+  bool enable_notification{};
   // mori_torch extension: pinned staging for GPU memory, per connection and
   // direction: `staging_depth` chunks of `staging_chunk_bytes` in flight.
-  int64_t staging_chunk_bytes = 512 << 10;  // measured best on H200 (docs/BENCHMARK.md)
-  int64_t staging_depth = 4;
+  int64_t staging_chunk_bytes{};  // measured best on H200 (docs/BENCHMARK.md)
+  int64_t staging_depth{};
   // mori_torch extension: threads serving inbound data requests (the target
   // side), whatever the number of connections; 0 picks from the core count.
-  int64_t serve_threads = 0;
+  int64_t serve_threads{};
 
   static TcpConfig FromMap(const BackendConfig& m);
 };

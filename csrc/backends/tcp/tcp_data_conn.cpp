@@ -11,6 +11,7 @@
 #include <cerrno>
 
 #include "backends/tcp/tcp_staged_io.h"
+#include "core/retry_driver.h"
 #include "core/logging.h"
 
 namespace mori_torch {
@@ -230,7 +231,7 @@ bool DataConn::Connect() {
   try {
     s = connect_();
   } catch (const Error& e) {
-    Break(e.what(), e.code(), e.path_failed());  // ERR_NOT_FOUND "engine restarted" stays that
+    Break(e.what(), e.code(), IsPathError(e));  // ERR_NOT_FOUND "engine restarted" stays that
     return false;
   }
   std::lock_guard<std::mutex> lk(mu_);

@@ -44,7 +44,8 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
   auto connect = [self = self_, remote = remote_, cfg = cfg_, secret = secret_]() {
     Socket s = OpenEngineConnection(self, remote, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
                                     static_cast<int>(cfg.connect_timeout_ms), secret);
-    SetNoDelay(s.fd(), true);  // requests are written whole; never wait for acks
+    // Requests are written whole: with NODELAY they never wait for acks.
+    SetNoDelay(s.fd(), cfg.enable_ctrl_nodelay);
     SetBufferSizes(s.fd(), static_cast<int>(cfg.sock_sndbuf_bytes), static_cast<int>(cfg.sock_rcvbuf_bytes));
     SetKeepalive(s.fd(), cfg.enable_keepalive, static_cast<int>(cfg.keepalive_idle_sec),
                  static_cast<int>(cfg.keepalive_intvl_sec), static_cast<int>(cfg.keepalive_cnt));

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
 #include <cstring>
 
+#include "base/config_table.h"
 #include "core/logging.h"
 #include "gpu/stream_ops.h"
 
@@ -15,14 +15,13 @@ namespace mori_torch {
 namespace xgmi {
 
 XgmiConfig XgmiConfig::FromMap(const BackendConfig& m) {
-  constexpr const char* kName = "XgmiBackendConfig";
-  CheckConfigKeys(m, kName, {"num_streams", "num_events", "kernel_min_segments", "kernel_max_avg_bytes"});
+  constexpr const char* kName = "XgmiBackendConfig";  // defaults and ranges: base/config_table.cpp
+  config::CheckKnownKeys(m, kName);
   XgmiConfig c;
-  c.num_streams = ConfigValue(m, kName, "num_streams", c.num_streams, 1, 1024);
-  c.num_events = ConfigValue(m, kName, "num_events", c.num_events, 1, 1 << 16);
-  c.kernel_min_segments = ConfigValue(m, kName, "kernel_min_segments", c.kernel_min_segments, 1, INT32_MAX);
-  c.kernel_max_avg_bytes =
-      ConfigValue(m, kName, "kernel_max_avg_bytes", c.kernel_max_avg_bytes, 1, INT64_C(1) << 40);
+  c.num_streams = config::Value(m, kName, "num_streams");
+  c.num_events = config::Value(m, kName, "num_events");
+  c.kernel_min_segments = config::Value(m, kName, "kernel_min_segments");
+  c.kernel_max_avg_bytes = config::Value(m, kName, "kernel_max_avg_bytes");
   return c;
 }
 
@@ -57,6 +56,11 @@ XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg
     throw Error(StatusCode::ERR_BAD_STATE, gpu::Compiled() ? "create_backend(XGMI): no GPU is visible"
                                                             : "create_backend(XGMI): this build has no GPU support");
   }
+  ownership_ = FindService<MemoryOwnership>(ctx_);
+  if (!ownership_) throw Error(StatusCode::ERR_BAD_STATE, "create_backend(XGMI): the engine has no memory ownership");
+  ownership_->SetRevoker([this](const std::string& owner, const std::vector<MemoryId>& ids) {
+    RevokeRemoteMemory(owner, ids);
+  });
   completion_thread_ = std::thread([this] { CompletionLoop(); });
 }
 
@@ -395,6 +399,7 @@ void XgmiBackend::CompletionLoop() {
 
 void XgmiBackend::Shutdown() {
   if (shut_.exchange(true)) return;
+  ownership_->SetRevoker(nullptr);  // waits for a revocation in progress
   {
     // The completion thread checks shut_ under this mutex: no lost wake-up.
     std::lock_guard<std::mutex> lk(pending_mu_);
@@ -529,10 +534,7 @@ namespace {
 // same process too, where nothing is opened), so tests can make XGMI fail
 // over without breaking a GPU.
 void MaybeInjectIpcOpenFailure() {
-  static std::atomic<int64_t> left{[] {
-    const char* v = std::getenv("MORI_TORCH_FAIL_IPC_OPENS");
-    return v ? std::atoll(v) : 0;
-  }()};
+  static std::atomic<int64_t> left{config::EnvInt("MORI_TORCH_FAIL_IPC_OPENS")};
   if (left.load(std::memory_order_relaxed) <= 0) return;
   if (left.fetch_sub(1) > 0) {
     throw Error(StatusCode::ERR_GPU_OP, "IPC open failed (injected by MORI_TORCH_FAIL_IPC_OPENS)");
@@ -563,7 +565,7 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
   }
   // First use of this memory: become a watcher (one control round trip, which
   // also checks the descriptor against the owner's registration), then map.
-  backend_->ctx().watch_remote_memory(d);
+  backend_->ownership().Watch(d);
   std::lock_guard<std::mutex> lk(map_mu_);
   if (revoked_.count(d.id)) throw revoked();
   auto it = mapped_.find(d.id);

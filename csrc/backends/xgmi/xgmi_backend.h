@@ -5,11 +5,11 @@
 // to one gather/scatter kernel launch reading its list from device memory.
 // Completion: an event per transfer, polled by the status (Code/Wait) and by
 // a completion thread, so statuses end even if nobody polls.
-// Revocation: before it first maps a memory, a peer registers with the owner
-// as a watcher; when the owner deregisters it, the peer refuses further
-// transfers to it, waits for the copies in flight and closes the mapping
-// before acknowledging, so the owner's deregister_memory returns only once
-// nothing here can write into that memory.
+// Revocation (xgmi_ownership.h): before it first maps a memory, a peer
+// registers with the owner as a watcher; when the owner deregisters it, the
+// peer refuses further transfers to it, waits for the copies in flight and
+// closes the mapping before acknowledging, so the owner's deregister_memory
+// returns only once nothing here can write into that memory.
 #pragma once
 
 #include <atomic>
@@ -25,6 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backends/xgmi/xgmi_ownership.h"
 #include "core/backend.h"
 #include "core/peer_cache.h"
 #include "gpu/gpu_runtime.h"
@@ -32,16 +33,17 @@
 namespace mori_torch {
 namespace xgmi {
 
+// FromMap sets every field; defaults, ranges and docs: base/config_table.cpp.
 struct XgmiConfig {
-  int64_t num_streams = 64;
-  int64_t num_events = 64;
+  int64_t num_streams{};
+  int64_t num_events{};
   // Batches with at least this many segments (after merging) use the copy
   // kernel; fewer go to the copy engines...
-  int64_t kernel_min_segments = 8;  // 2 x H200 grid: 4 lost at 1-4 MiB x 4
+  int64_t kernel_min_segments{};  // 2 x H200 grid: 4 lost at 1-4 MiB x 4
   // ...and so do batches whose segments average at least this many bytes.
   // Both measured (kernel vs copy engines over count x size): see the XGMI
   // section of docs/BENCHMARK.md and `benchmarks/bench_xgmi.py --grid`.
-  int64_t kernel_max_avg_bytes = 8 << 20;
+  int64_t kernel_max_avg_bytes{};
   static XgmiConfig FromMap(const BackendConfig& m);
 };
 
@@ -143,7 +145,9 @@ class XgmiBackend : public Backend {
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   void RemovePeer(const std::string& key, const std::string& reason) override;
-  void RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids) override;
+  // Owner `owner_key` deregistered `ids` (MemoryOwnership's revoker): later
+  // transfers to them fail, and when this returns no copy of ours touches them.
+  void RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids);
   void Shutdown() override;
   // Waits until every copy enqueued so far on this backend's streams ran.
   void DrainCopies();
@@ -155,6 +159,7 @@ class XgmiBackend : public Backend {
   // cut so that a batch of few large segments still fills the device.
   static uint64_t KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups);
   const BackendContext& ctx() const { return ctx_; }
+  MemoryOwnership& ownership() { return *ownership_; }
   bool shut_down() const { return shut_.load(); }
 
  private:
@@ -175,6 +180,7 @@ class XgmiBackend : public Backend {
 
   const XgmiConfig cfg_;
   const BackendContext ctx_;
+  std::shared_ptr<MemoryOwnership> ownership_;
   std::atomic<bool> shut_{false};
 
   std::mutex dev_mu_;
