@@ -372,11 +372,14 @@ void DataConn::RecvJob() {
       // connection or broke the protocol.
       char c;
       ssize_t n = ::recv(sock_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // a spurious report
-      if (n == 0) {
-        Break("connection closed by the peer while idle", StatusCode::ERR_BAD_STATE, /*path_failed=*/true);
-      } else {
+      const int err = errno;
+      if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) break;  // a spurious report
+      if (n > 0) {
         Break("protocol error: bytes with no request outstanding");
+      } else {  // closed or reset: the path's failure
+        Break(n == 0 ? std::string("connection closed by the peer while idle")
+                     : "connection failed while idle: " + std::string(std::strerror(err)),
+              StatusCode::ERR_BAD_STATE, /*path_failed=*/true);
       }
       return;
     }
