@@ -67,7 +67,7 @@ def shut_down_inbound(port: int) -> int:
 
 
 class Setup:
-    def __init__(self):
+    def __init__(self, aa=False):
         self.target = IOEngine(f"fo-bench-target-{os.getpid()}", IOEngineConfig("127.0.0.1", 0))
         self.target.create_backend(BackendType.TCP, TcpBackendConfig())
         self.remote = torch.zeros(NBYTES, dtype=torch.uint8)
@@ -75,7 +75,7 @@ class Setup:
         self.port = self.target.get_engine_desc().port
         self.inits = {}
         for mode in ("on", "off"):
-            e = IOEngine(f"fo-bench-{mode}-{os.getpid()}", IOEngineConfig("127.0.0.1", 0, failover=mode == "on"))
+            e = IOEngine(f"fo-bench-{mode}-{os.getpid()}", IOEngineConfig("127.0.0.1", 0, failover=aa or mode == "on"))
             e.create_backend(BackendType.TCP, TcpBackendConfig())
             e.register_remote_engine(self.target.get_engine_desc())
             buf = torch.randint(0, 256, (NBYTES,), dtype=torch.uint8)
@@ -177,19 +177,29 @@ def on_off_cost(s: Setup, size: int, iters: int) -> dict:
             "ratio_on_over_off": round(on / off, 4)}
 
 
+class _SkipToCost(Exception):
+    pass
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--cost-iters", type=int, default=1500)
     ap.add_argument("--loop-seconds", type=float, default=5)
     ap.add_argument("--kill-period-s", type=float, default=0.5)
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A control: both initiators with failover on (the on/off ratio then shows order effects)")
+    ap.add_argument("--only-cost", action="store_true", help="only the on/off cost (3)")
     ap.add_argument("--json")
     args = ap.parse_args()
     rng = random.Random(1)
-    s = Setup()
+    s = Setup(args.aa)
     out = {"command": "python " + " ".join(sys.argv), "machine": platform.node(), "cpus": os.cpu_count(),
            "kernel": platform.release(), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    out["aa"] = args.aa
     try:
+        if args.only_cost:
+            raise _SkipToCost()
         out["retried_latency"] = [retried_latency(s, n, args.iters, rng) for n in (64 << 10, 1 << 20, NBYTES)]
         for r in out["retried_latency"]:
             print(f"retried {r['bytes']:>9} B: alone {r.get('median_alone_ms')} ms, retried "
@@ -198,6 +208,9 @@ def main():
         k = out["kill_loop"]
         print(f"kill loop ({k['method']}, every {k['period_s']} s, {k['kills']} sockets killed, {k['retries']} retries, "
               f"{k['exhausted']} failed): killed/calm throughput {k['ratio_killed_over_calm']}")
+    except _SkipToCost:
+        pass
+    try:
         out["on_off"] = [on_off_cost(s, n, args.cost_iters if n <= 4096 else args.cost_iters // 10)
                          for n in (4096, 1 << 20)]
         for r in out["on_off"]:
