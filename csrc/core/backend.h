@@ -68,7 +68,7 @@ struct BackendContext {
   // True if `peer` is this engine or a registered remote engine, described
   // exactly as registered.
   std::function<bool(const EngineDesc& peer)> knows_engine;
-  int connect_timeout_ms = 5000;  // IOEngineConfig's, for connections of the engine's own
+  int connect_timeout_ms = 5000;  // the engine's, for connections a service opens itself
   // The engine's services (MakeEngineServices); see FindService.
   const std::vector<std::shared_ptr<EngineService>>* services = nullptr;
   // The engine's event loop, for backends that serve their inbound data
@@ -86,7 +86,8 @@ class BackendPeer {
   virtual void Submit(TransferOp op) = 0;
   virtual bool Alive() const = 0;
 
-  // Stream-ordered transfers (DESIGN §5). GPU-peer backends run them as work
+  // Stream-ordered transfers (docs/ARCHITECTURE.md, "Stream-ordered ops").
+  // GPU-peer backends run them as work
   // on the caller's stream; host-driven ones return false and are driven by
   // a doorbell (core/stream_doorbell.h) through Submit.
   virtual bool RunsOnStream() const { return false; }

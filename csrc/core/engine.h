@@ -97,7 +97,7 @@ class Engine : public ControlPlaneDelegate {
   uint64_t RefusedConnections() const { return server_->RefusedConnections(); }
   // Completion notices dropped because their table was full.
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
-  // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
+  // nullptr entries are skipped. See docs/MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
   FailoverCounters Failover() const { return {driver_->Stats(), driver_->health().Stats()}; }
 
