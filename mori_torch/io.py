@@ -107,6 +107,15 @@ class IOEngineConfig:
     # Nsight Systems or rocprof. Process-wide (so is MORI_TORCH_NVTX=1);
     # True turns them on, False leaves them as they are.
     nvtx: bool = dataclasses.field(default=False, kw_only=True)
+    # mori_torch extensions (keyword-only): a transfer whose path breaks
+    # (connection reset, QP in error, IPC open refused) is retried over a
+    # fresh connection, up to retry_attempts attempts within retry_budget_ms
+    # (never past the backend's op timeout), and a failed backend hands the
+    # peer's transfers to the next capable one until it is healthy again
+    # (docs/FAILOVER.md). failover=False: a broken path fails its transfers.
+    failover: bool = dataclasses.field(default=True, kw_only=True)
+    retry_attempts: int = dataclasses.field(default=4, kw_only=True)
+    retry_budget_ms: int = dataclasses.field(default=30000, kw_only=True)
 
 
 @dataclasses.dataclass
@@ -572,7 +581,11 @@ class IOEngine:
             raise TypeError(f"IOEngineConfig.nvtx must be a bool, got {type(config.nvtx).__name__}")
         if config.nvtx:
             _native.Engine.set_trace_ranges(True)
-        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "")
+        if not isinstance(config.failover, bool):
+            raise TypeError(f"IOEngineConfig.failover must be a bool, got {type(config.failover).__name__}")
+        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "",
+                                 config.failover, _index("IOEngineConfig.retry_attempts", config.retry_attempts),
+                                 _index("IOEngineConfig.retry_budget_ms", config.retry_budget_ms))
         self._key = key
         self._metrics_server = None
         if metrics_port >= 0:
@@ -788,6 +801,16 @@ class IOEngine:
     def metrics_port(self) -> Optional[int]:
         """The port of this engine's Prometheus endpoint (IOEngineConfig.metrics_port), None without one."""
         return None if self._metrics_server is None else self._metrics_server.server_port
+
+    @_native_call
+    def failover_stats(self) -> Dict[str, int]:
+        """What retry and failover did so far: retries (attempts after a
+        transfer's first), recovered (transfers that succeeded after a retry),
+        exhausted (transfers that failed after every attempt), failovers
+        (switches away from a failed backend), returns (switches back),
+        probes (transfers let through to a failed backend) and paths_down
+        (peer, backend) paths failed now."""
+        return dict(self._e.failover_stats())
 
     @_native_call
     def mapped_remote_memories(self) -> int:
