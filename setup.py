@@ -1,16 +1,31 @@
 """Builds mori_torch._C against the torch already installed.
 
 Install with `pip install --no-build-isolation -e .` (or without -e): build
-isolation would fetch a different torch than the one the extension must match.
-A torch with CUDA (or ROCm) gives a CUDAExtension, a CPU-only torch a
-CppExtension. MORI_TORCH_FORCE_CPU=1 forces the CPU-only build.
+isolation would hide the installed torch, and the extension must match the
+torch that imports it, so under isolation this script stops at once with a
+message saying so (flash-attn's way). A torch with CUDA (or ROCm) gives a
+CUDAExtension, a CPU-only torch a CppExtension. MORI_TORCH_FORCE_CPU=1 forces
+the CPU-only build. Nothing is written into the source tree: the build facts
+(torch version, GPU or not) are compiled into the extension (_C.TORCH_VERSION,
+_C.WITH_GPU).
 """
 import glob
 import os
-
+import re
 import shutil
+import sys
 
-import torch
+NEEDS_INSTALLED_TORCH = (
+    "mori_torch compiles against the torch already installed, and pip's build isolation hides it.\n"
+    "Install torch first, then build without isolation:\n"
+    "    pip install --no-build-isolation .        (or -e . for an editable install)"
+)
+try:
+    import torch
+except ImportError:
+    # pyproject.toml does not list torch as a build requirement, so under
+    # build isolation this is where we land, before anything is compiled.
+    sys.exit("error: " + NEEDS_INSTALLED_TORCH)
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
@@ -58,7 +73,12 @@ cpp_sources = sources(
 )
 gpu_sources = sources("csrc/gpu/*.cu") if gpu else []
 
-define_macros = [("MORI_WITH_GPU", "1" if gpu else "0")]
+# The torch this build compiles against, as bare tokens that module.cpp
+# stringizes into _C.TORCH_VERSION (a quoted string would not survive the
+# nvcc/ninja command lines intact); mori_torch/__init__.py compares it at import.
+if not re.fullmatch(r"[0-9A-Za-z.+]+", torch.__version__):
+    sys.exit(f"error: cannot record torch version {torch.__version__!r} in the build (unexpected characters)")
+define_macros = [("MORI_WITH_GPU", "1" if gpu else "0"), ("MORI_TORCH_BUILT_AGAINST", torch.__version__)]
 extra_compile_args = {"cxx": ["-O2", "-Wno-unused-parameter"]}
 if with_cuda:
     extra_compile_args["nvcc"] = ["-O2"]
@@ -73,14 +93,11 @@ ext = Extension(
     libraries=["dl"],
 )
 
-# The import-time check compares against this (see mori_torch/__init__.py).
-build_info = os.path.join(ROOT, "mori_torch", "_build_info.py")
-with open(build_info, "w") as f:
-    f.write("# Written by setup.py: the torch this extension was compiled against.\n")
-    f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
-    f.write(f"TORCH_CUDA = {torch.version.cuda!r}\n")
-    f.write(f"TORCH_HIP = {torch.version.hip!r}\n")
-    f.write(f"WITH_GPU = {gpu!r}\n")
+
+def read_version():
+    # Read, not imported: importing mori_torch needs the extension being built.
+    with open(os.path.join(ROOT, "mori_torch", "_version.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 ALIAS_PTH = "mori_torch_alias.pth"
 
@@ -100,11 +117,13 @@ class BuildPyWithAliasHook(build_py):
 
 setup(
     name="mori_torch",
-    version="0.1.0",
+    version=read_version(),
     description="Point-to-point GPU/host memory transfer engine for PyTorch (MORI-IO compatible)",
     packages=find_packages(include=["mori_torch", "mori_torch.*"]),
     py_modules=["_mori_torch_alias"],  # the `mori` alias; stdlib only, imported at start-up by the .pth
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": BuildPyWithAliasHook},
     python_requires=">=3.9",
+    # The extension runs only with the torch it was compiled against.
+    install_requires=[f"torch=={torch.__version__}"],
 )

@@ -14,16 +14,22 @@ wall clock over REPLAYS steps (median), in one run:
 
 * ``compute_only``: the 32 matmuls, captured in a CUDA graph (no pulls).
 * ``pull_only_graph``: the 32 per-layer ``read_pages``, captured.
-* ``stream_ordered_graph`` (mori-torch's connector): per layer,
+* ``stream_ordered_graph``: per layer,
   ``read_pages`` then the matmul, captured once and replayed with new page
-  tables (StaticPageTables); layer l's pull overlaps layers < l's compute.
+  tables (StaticPageTables); on one stream, layer l's pull waits for layer
+  l-1's compute.
+* ``pulls_ahead_graph`` (mori-torch's connector on GPU caches): the same
+  step with ``PullsAhead``: every layer's
+  ``read_pages`` first on a side stream, each layer's matmul waiting only
+  for its own layer's pages (captured once, replayed with new tables).
 * ``host_before_step``: one ``session.batch_read`` of all layers' pages
   from the host, wait, then the compute graph (host-driven pull before the
   step).
 * ``moriio_pattern``: vLLM's MoRIIO connector pattern: one host-side
   ``batch_read`` per layer, then wait for all, then the compute graph.
 
-``overlap`` = (pull_only + compute_only - stream_ordered) / min(pull_only,
+``overlap`` (``overlap_ahead``) = (pull_only + compute_only - stream_ordered
+(pulls_ahead)) / min(pull_only,
 compute_only): 1 means the pulls are hidden completely behind compute, 0
 means none of them is. Ratios against the host-driven cases are printed
 and written to the JSON with the machine.
@@ -40,7 +46,7 @@ import torch
 from mori_torch import ops
 from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
                           XgmiBackendConfig)
-from mori_torch.paged_kv import KVLayout, StaticPageTables
+from mori_torch.paged_kv import KVLayout, PullsAhead, StaticPageTables
 
 from bench_ops import capture_graph  # benchmarks/ is this script's folder
 
@@ -143,25 +149,39 @@ def run(backend, args, record):
             ops.read_pages(h, lbuf, st[n].local, st[n].remote, PAGE)
             compute(n)
 
+    ahead = PullsAhead("cuda:0")
+
+    def pulls_ahead():
+        ahead.start([(h, lbuf, st)], names)
+        for n in names:
+            ahead.wait(n)
+            compute(n)
+        ahead.finish()
+
     new_tables()
     g_compute = capture_graph(compute_only)
     g_pull = capture_graph(pull_only)
     g_step = capture_graph(stream_ordered)
+    g_ahead = capture_graph(pulls_ahead)
     t_compute = median_graph_ms(g_compute, args.replays)
     t_pull = median_graph_ms(g_pull, args.replays, before=new_tables)
     t_step = median_graph_ms(g_step, args.replays, before=new_tables)
+    t_ahead = median_graph_ms(g_ahead, args.replays, before=new_tables)
     ops.check_errors(h)
-    # One more step, its pulled pages checked against the remote bytes.
-    lids, rids = new_tables()
-    g_step.replay()
-    torch.cuda.synchronize()
-    ops.check_errors(h)
-    got = lbuf.cpu()
-    for n in names:
-        for lo, ro in zip(ll.layers[n].byte_offsets(torch.tensor(lids)).tolist(),
-                          rl.layers[n].byte_offsets(torch.tensor(rids)).tolist()):
-            if not torch.equal(got[lo:lo + PAGE], shadow[ro:ro + PAGE]):
-                raise SystemExit(f"{backend}: layer {n} page at {lo} differs from the remote page at {ro}")
+    for graph, what in ((g_step, "stream-ordered"), (g_ahead, "pulls ahead")):
+        # One more step, its pulled pages checked against the remote bytes.
+        lbuf.zero_()
+        lids, rids = new_tables()
+        graph.replay()
+        torch.cuda.synchronize()
+        ops.check_errors(h)
+        got = lbuf.cpu()
+        for n in names:
+            for lo, ro in zip(ll.layers[n].byte_offsets(torch.tensor(lids)).tolist(),
+                              rl.layers[n].byte_offsets(torch.tensor(rids)).tolist()):
+                if not torch.equal(got[lo:lo + PAGE], shadow[ro:ro + PAGE]):
+                    raise SystemExit(f"{backend}, {what}: layer {n} page at {lo} differs from the remote page "
+                                     f"at {ro}")
 
     def host_step(per_layer):
         lids, rids = new_tables()
@@ -187,10 +207,12 @@ def run(backend, args, record):
     t_host = statistics.median(host_step(False) for _ in range(args.replays))
     t_moriio = statistics.median(host_step(True) for _ in range(args.replays))
     overlap = (t_pull + t_compute - t_step) / min(t_pull, t_compute)
+    overlap_ahead = (t_pull + t_compute - t_ahead) / min(t_pull, t_compute)
     record(backend=backend, remote_device=args.remote_device, layers=layers, pages_per_layer=pages,
            page_bytes=PAGE, matmul=f"[{args.tokens},{args.hidden}]x[{args.hidden},{args.hidden}] bf16",
            compute_only_ms=round(t_compute, 4), pull_only_graph_ms=round(t_pull, 4),
-           stream_ordered_graph_ms=round(t_step, 4), host_before_step_ms=round(t_host, 4),
+           stream_ordered_graph_ms=round(t_step, 4), pulls_ahead_graph_ms=round(t_ahead, 4),
+           overlap_ahead=round(overlap_ahead, 3), host_before_step_ms=round(t_host, 4),
            moriio_pattern_ms=round(t_moriio, 4), overlap=round(overlap, 3),
            host_before_over_stream_ordered=round(t_host / t_step, 3),
            moriio_over_stream_ordered=round(t_moriio / t_step, 3))

@@ -30,8 +30,9 @@ import time
 
 import torch
 
+import mori_torch
 from mori_torch import ops
-from mori_torch.rendezvous import TorchStoreDirectory
+from mori_torch.rendezvous import LookupTimeout, TorchStoreDirectory
 from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
                            XgmiBackendConfig)
 
@@ -136,6 +137,29 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
     print("paged KV cache example: all pages and outputs verified")
 
 
+def missing_hardware():
+    """Why this machine cannot run the example, or None."""
+    if not mori_torch._C.WITH_GPU:
+        return "mori_torch was built without GPU support (no CUDA toolkit at build time; see README \"Set up\")"
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm GPU is visible to torch (torch.cuda.is_available() is False)"
+    return None
+
+
+def wait_for_prefill(directory, proc, timeout_s=300):
+    """The prefill's directory entry; raises SystemExit if the prefill process
+    dies first (its traceback is on stderr) instead of waiting it out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return directory.lookup("kv-prefill", timeout_s=1)
+        except LookupTimeout:
+            if not proc.is_alive():
+                raise SystemExit(f"the prefill process exited (code {proc.exitcode}) before publishing its cache")
+            if time.monotonic() >= deadline:
+                raise
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=50)
@@ -146,6 +170,9 @@ def main():
                     help="xgmi: GPU peer copies (a copy kernel on the stream); tcp: TCP with GPU pages "
                          "(a doorbell on the stream, pages unpacked on the stream from pinned staging)")
     args = ap.parse_args()
+    why = missing_hardware()
+    if why:
+        raise SystemExit(f"paged_kv_cache.py needs a GPU: {why}")
     page_bytes = args.page_kib << 10
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -154,13 +181,17 @@ def main():
     proc = ctx.Process(target=prefill, args=(child, directory.port, args.pages, page_bytes, args.backend),
                        daemon=True)
     proc.start()
-    entry = directory.lookup("kv-prefill", timeout_s=300)
-    remote_engine, remote_mem = entry.engine_desc.pack(), entry.memories["cache"].pack()
+    child.close()  # so that recv() below sees the prefill's end close if it dies
     try:
+        entry = wait_for_prefill(directory, proc)
+        remote_engine, remote_mem = entry.engine_desc.pack(), entry.memories["cache"].pack()
         decode(remote_engine, remote_mem, args.pages, page_bytes, args.pages_per_step, args.iters, args.backend)
     finally:
-        parent.send("done")
-        parent.recv()
+        try:
+            parent.send("done")
+            parent.poll(30) and parent.recv()
+        except (BrokenPipeError, EOFError):
+            pass  # the prefill already exited
         proc.join(30)
         directory.close()
 

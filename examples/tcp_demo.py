@@ -18,6 +18,12 @@ from mori_torch.rendezvous import TorchStoreDirectory
 PAGE = 16 << 10
 CHUNK = 64 << 20
 PAGES_PER_BATCH = 4096
+T0 = time.perf_counter()
+
+
+def say(msg):
+    """A progress line with the seconds since start, so that no phase is silent."""
+    print(f"[{time.perf_counter() - T0:5.1f}s] {msg}", flush=True)
 
 
 def fill(n, seed):
@@ -57,12 +63,14 @@ def timed(label, nbytes, fn):
     t0 = time.perf_counter()
     fn()
     dt = time.perf_counter() - t0
-    print(f"  {label:<40} {nbytes / dt / 1e9:7.2f} GB/s  ({dt * 1e3:8.1f} ms)")
+    print(f"  {label:<40} {nbytes / dt / 1e9:7.2f} GB/s  ({dt * 1e3:8.1f} ms)", flush=True)
 
 
 def process_b(conn, directory, nbytes, conns):
     engine = make_engine("demo-B", conns)
+    say("waiting for process A to start, fill its buffer and publish it in the directory ...")
     remote = directory.connect(engine, "demo-A", timeout_s=60).memories["buf"]  # waits for A, registers it
+    say("connected to A; preparing B's buffer and the expected bytes ...")
     local_buf = torch.zeros(nbytes, dtype=torch.uint8)
     local = engine.register_torch_tensor(local_buf)
     sess = engine.create_session(local, remote)
@@ -85,7 +93,8 @@ def process_b(conn, directory, nbytes, conns):
         sts = [getattr(sess, op)(off, off, CHUNK, sess.allocate_transfer_uid()) for off in range(0, nbytes, CHUNK)]
         check(sts, engine, f"chunked {op}")
 
-    print(f"demo: {nbytes >> 20} MiB between two processes over TCP ({conns} data connections)")
+    say(f"moving {nbytes >> 20} MiB between the two processes over TCP ({conns} data connections), "
+        "verifying after each phase:")
     # Read phases: A's pattern into B.
     timed(f"read  {npages} x 16 KiB pages", nbytes, lambda: paged("read"))
     unpermuted = local_buf.view(npages, PAGE)[torch.tensor(perm)].reshape(-1)
@@ -102,10 +111,11 @@ def process_b(conn, directory, nbytes, conns):
     timed(f"write {nbytes // CHUNK} x 64 MiB chunks", nbytes, lambda: chunked("write"))
     conn.send(("verify", 9))
     assert conn.recv(), "chunked write: data mismatch in A"
+    say("stopping both engines ...")
     conn.send(("stop", 0))
     conn.recv()
     engine.shutdown()
-    print("demo: all bytes verified in every phase")
+    say("demo: all bytes verified in every phase")
 
 
 def main():
@@ -119,6 +129,7 @@ def main():
     ctx = mp.get_context("spawn")
     a_end, b_end = ctx.Pipe()  # commands only; descriptors go through the directory
     directory = TorchStoreDirectory("tcp-demo", host="127.0.0.1", port=0, is_server=True)
+    say(f"starting process A (a fresh Python: imports torch and mori_torch, fills {args.size_mib} MiB) ...")
     a = ctx.Process(target=process_a, args=(a_end, directory.port, nbytes, args.num_data_conns))
     a.start()
     try:

@@ -5,24 +5,23 @@ TorchScript classes `torch.classes.mori.*`.
 """
 import torch
 
-try:
-    from . import _build_info
-except ImportError as e:  # pragma: no cover - only without a build
-    raise ImportError(
-        "mori_torch is not built: run `pip install --no-build-isolation -e .` in the source tree"
-    ) from e
+from ._version import __version__  # noqa: F401
 
-if _build_info.TORCH_VERSION != torch.__version__:
+_REBUILD = "rebuild it in the source tree with `pip install --no-build-isolation -e .`"
+try:
+    from . import _C  # registers torch.classes.mori.* and torch.ops.mori.*
+except ImportError as e:  # not built, or built against another torch (unresolved symbols)
+    raise ImportError(f"mori_torch's extension mori_torch._C does not load under torch {torch.__version__}: "
+                      f"{e}; {_REBUILD}") from e
+
+if _C.TORCH_VERSION != torch.__version__:
     raise ImportError(
-        f"mori_torch was built against torch {_build_info.TORCH_VERSION} but torch {torch.__version__} "
-        "is installed; rebuild with `pip install --no-build-isolation -e .`"
+        f"mori_torch was built against torch {_C.TORCH_VERSION} but torch {torch.__version__} is installed; {_REBUILD}"
     )
 
-from . import _C  # noqa: E402,F401  (registers torch.classes.mori.* and torch.ops.mori.*)
+from . import io  # noqa: E402,F401  (the mori.io-compatible API)
 from . import ops  # noqa: E402,F401  (fake implementations of torch.ops.mori.*)
 from . import log  # noqa: E402,F401  (native log levels, routing into Python's logging)
-
-__version__ = "0.1.0"
 
 
 def pinned_host_bytes() -> int:

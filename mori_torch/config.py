@@ -44,6 +44,7 @@ class ConfigEntry:
 
     @property
     def is_env(self) -> bool:
+        """True for an environment variable, False for a config key."""
         return self.scope == ENV
 
 
@@ -132,6 +133,7 @@ def readme_with_section(text: str) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The command line (``python -m mori_torch.config --help``); returns the exit code."""
     p = argparse.ArgumentParser(prog="python -m mori_torch.config", description=__doc__.split("\n\n")[0])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--write-readme", nargs="?", const="", metavar="PATH", help="rewrite README.md's section")

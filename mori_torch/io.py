@@ -1,7 +1,7 @@
 """Drop-in replacement for AMD's ``mori.io``.
 
 Same class, enum, method and argument names, defaults and semantics as
-MORI-IO (see shared/reference/MORI_IO_API.md), over the TorchScript classes
+MORI-IO (see docs/MORI_IO_API.md), over the TorchScript classes
 ``torch.classes.mori.*``. Code written for MORI-IO runs after changing only
 the import::
 
@@ -45,6 +45,8 @@ _native = torch.classes.mori
 
 
 class BackendType(enum.IntEnum):
+    """The transfer backends (values as in MORI-IO)."""
+
     Unknown = 0
     XGMI = 1
     RDMA = 2
@@ -53,12 +55,17 @@ class BackendType(enum.IntEnum):
 
 
 class MemoryLocationType(enum.IntEnum):
+    """Where registered memory lives (values as in MORI-IO)."""
+
     Unknown = 0
     CPU = 1
     GPU = 2
 
 
 class StatusCode(enum.IntEnum):
+    """A transfer's state or error (values as in MORI-IO): INIT and IN_PROGRESS
+    until it ends, then SUCCESS or one of the ERR_* codes."""
+
     SUCCESS = 0
     INIT = 1
     IN_PROGRESS = 2
@@ -70,12 +77,19 @@ class StatusCode(enum.IntEnum):
 
 
 class PollCqMode(enum.IntEnum):
+    """How RDMA completion threads wait: POLLING (spin, backing off) or EVENT
+    (block on completion channels)."""
+
     POLLING = 0
     EVENT = 1
 
 
 @dataclasses.dataclass
 class IOEngineConfig:
+    """Where an engine listens: ``host`` ("": 127.0.0.1 only) and ``port``
+    (0: a free port). Keyword-only extension: ``secret``, a shared secret every
+    peer must prove before anything is served (None: ``MORI_TORCH_SECRET``)."""
+
     host: str = ""
     port: int = 0
     # mori_torch extension (keyword-only, so mori.io's positional signature
@@ -93,10 +107,23 @@ class IOEngineConfig:
     # Nsight Systems or rocprof. Process-wide (so is MORI_TORCH_NVTX=1);
     # True turns them on, False leaves them as they are.
     nvtx: bool = dataclasses.field(default=False, kw_only=True)
+    # mori_torch extensions (keyword-only): a transfer whose path breaks
+    # (connection reset, QP in error, IPC open refused) is retried over a
+    # fresh connection, up to retry_attempts attempts within retry_budget_ms
+    # (never past the backend's op timeout), and a failed backend hands the
+    # peer's transfers to the next capable one until it is healthy again
+    # (docs/FAILOVER.md). failover=False: a broken path fails its transfers.
+    failover: bool = dataclasses.field(default=True, kw_only=True)
+    retry_attempts: int = dataclasses.field(default=4, kw_only=True)
+    retry_budget_ms: int = dataclasses.field(default=30000, kw_only=True)
 
 
 @dataclasses.dataclass
 class RdmaBackendConfig:
+    """Settings of the RDMA backend: MORI-IO's fields and defaults, plus the
+    mori_torch extensions gid_index, sq_depth, sq_full_timeout_ms and
+    connect_timeout_ms (README "Backends")."""
+
     qp_per_transfer: int = 1
     post_batch_size: int = -1
     num_worker_threads: int = -1
@@ -116,6 +143,9 @@ class RdmaBackendConfig:
 
 @dataclasses.dataclass
 class XgmiBackendConfig:
+    """Settings of the GPU-peer backend: MORI-IO's stream and event pools, plus
+    when a batch goes to the copy kernel instead of the copy engines."""
+
     num_streams: int = 64
     num_events: int = 64
     # Extensions (not in MORI-IO): a transfer whose merged segments number at
@@ -136,6 +166,9 @@ class FabricBackendConfig:
 
 @dataclasses.dataclass
 class TcpBackendConfig:
+    """Settings of the TCP backend: the fields and defaults of MORI's TCP
+    branch, plus the mori_torch extensions below (README "Backends")."""
+
     sock_sndbuf_bytes: int = 32 * 1024 * 1024
     sock_rcvbuf_bytes: int = 32 * 1024 * 1024
     op_timeout_ms: int = 30000
@@ -266,33 +299,42 @@ class TransferStatus:
         self._succeeded = None
 
     def Code(self) -> StatusCode:
+        """The current code: INIT, IN_PROGRESS, SUCCESS or an error."""
         return StatusCode(self._s.Code())
 
     def Message(self) -> str:
+        """The error message (empty while none)."""
         return self._s.Message()
 
     def Init(self) -> bool:
+        """True before the transfer started."""
         return self._s.Init()
 
     def InProgress(self) -> bool:
+        """True while the transfer runs."""
         return self._s.InProgress()
 
     def Succeeded(self) -> bool:
+        """True once the transfer ended without error."""
         f = self._succeeded
         if f is None:
             f = self._succeeded = self._s.Succeeded
         return f()
 
     def Failed(self) -> bool:
+        """True once the transfer ended with an error."""
         return self._s.Failed()
 
     def Update(self, code, message: str = "") -> None:
+        """Sets code and message (for statuses a caller makes itself, as in MORI-IO)."""
         self._s.Update(int(StatusCode(code)), message)
 
     def SetCode(self, code) -> None:
+        """Sets the code (as in MORI-IO)."""
         self._s.SetCode(int(StatusCode(code)))
 
     def SetMessage(self, message: str) -> None:
+        """Sets the message (as in MORI-IO)."""
         self._s.SetMessage(message)
 
     def Wait(self) -> None:
@@ -330,20 +372,24 @@ class EngineDesc:
     def __init__(self, _native_desc):
         self._d = _native_desc
 
-    key = property(lambda self: self._d.key())
-    node_id = property(lambda self: self._d.node_id())
-    hostname = property(lambda self: self._d.hostname())
-    host = property(lambda self: self._d.host())
-    port = property(lambda self: self._d.port())
-    pid = property(lambda self: self._d.pid())
+    key = property(lambda self: self._d.key(), doc="The engine's key.")
+    node_id = property(lambda self: self._d.node_id(),
+                       doc="The node the engine runs on (MORI_TORCH_NODE_ID or MORI_IO_NODE_ID, else the boot id).")
+    hostname = property(lambda self: self._d.hostname(), doc="The host name of the engine's machine.")
+    host = property(lambda self: self._d.host(), doc='The address the engine listens on.')
+    port = property(lambda self: self._d.port(), doc="The engine's control-plane port.")
+    pid = property(lambda self: self._d.pid(), doc="The engine's process id.")
     # mori_torch extension: random per engine process (a restart changes it)
-    incarnation = property(lambda self: self._d.incarnation() & 0xFFFFFFFFFFFFFFFF)
+    incarnation = property(lambda self: self._d.incarnation() & 0xFFFFFFFFFFFFFFFF,
+                           doc='Random per engine process, so a restarted engine has a new one (mori_torch extension).')
 
     def pack(self) -> bytes:
+        """The descriptor as bytes, for unpack() on a peer."""
         return bytes(self._d.pack().tolist())
 
     @staticmethod
     def unpack(data) -> "EngineDesc":
+        """The EngineDesc packed in ``data`` (bytes); ValueError if malformed or of another format version."""
         return EngineDesc(_native.EngineDesc.unpack(_bytes_tensor(data, "EngineDesc.unpack")))
 
     def __eq__(self, other) -> bool:
@@ -363,25 +409,32 @@ class MemoryDesc:
     def __init__(self, _native_desc):
         self._d = _native_desc
 
-    engine_key = property(lambda self: self._d.engine_key())
-    id = property(lambda self: self._d.id())
-    device_id = property(lambda self: self._d.device_id())
-    device_bus_id = property(lambda self: self._d.device_bus_id())
-    data = property(lambda self: self._d.data())
-    size = property(lambda self: self._d.size())
-    loc = property(lambda self: MemoryLocationType(self._d.loc()))
-    ipc_offset = property(lambda self: self._d.ipc_offset())
-    numa_node = property(lambda self: self._d.numa_node())
+    engine_key = property(lambda self: self._d.engine_key(), doc='The key of the engine that owns the memory.')
+    id = property(lambda self: self._d.id(), doc="The registration's id in its engine.")
+    device_id = property(lambda self: self._d.device_id(), doc='The GPU index (-1 for host memory).')
+    device_bus_id = property(lambda self: self._d.device_bus_id(),
+                             doc="The GPU's PCI bus id (empty for host memory).")
+    data = property(lambda self: self._d.data(), doc="The memory's address in its owner's process.")
+    size = property(lambda self: self._d.size(), doc="The memory's size in bytes.")
+    loc = property(lambda self: MemoryLocationType(self._d.loc()),
+                   doc='Host (CPU) or GPU memory (MemoryLocationType).')
+    ipc_offset = property(lambda self: self._d.ipc_offset(),
+                          doc='Offset of the registered range inside its IPC allocation.')
+    numa_node = property(lambda self: self._d.numa_node(),
+                         doc='The NUMA node of host memory (-1 for GPU memory or unknown).')
 
     @property
     def ipc_handle(self) -> bytes:
+        """The GPU IPC handle of the allocation holding this memory (empty for host memory)."""
         return bytes(self._d.ipc_handle().tolist())
 
     def pack(self) -> bytes:
+        """The descriptor as bytes, for unpack() on a peer."""
         return bytes(self._d.pack().tolist())
 
     @staticmethod
     def unpack(data) -> "MemoryDesc":
+        """The MemoryDesc packed in ``data`` (bytes); ValueError if malformed or of another format version."""
         return MemoryDesc(_native.MemoryDesc.unpack(_bytes_tensor(data, "MemoryDesc.unpack")))
 
     def __eq__(self, other) -> bool:
@@ -451,11 +504,14 @@ class IOEngineSession:
             raise RuntimeError(f"IOEngine '{self._engine.key}' of this session is shut down")
 
     def allocate_transfer_uid(self) -> int:
+        """A transfer uid not used before by this engine."""
         self._check_open()
         return self._s.allocate_transfer_uid()
 
     @_upstream_keywords(transfer_uid="uid")
     def read(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
+        """Reads ``size`` bytes at ``remote_offset`` of the remote memory into ``local_offset`` of the
+        local one; returns at once with the transfer's status."""
         self._check_open()
         try:
             return TransferStatus(self._read(local_offset, remote_offset, size, uid))
@@ -465,6 +521,8 @@ class IOEngineSession:
 
     @_upstream_keywords(transfer_uid="uid")
     def write(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
+        """Writes ``size`` bytes at ``local_offset`` of the local memory to ``remote_offset`` of the
+        remote one; returns at once with the transfer's status."""
         self._check_open()
         try:
             return TransferStatus(self._write(local_offset, remote_offset, size, uid))
@@ -494,11 +552,13 @@ class IOEngineSession:
             raise
 
     def alive(self) -> bool:
+        """False once the session's backend or either memory is gone."""
         self._check_open()
         return self._s.alive()
 
     @property
     def backend_type(self) -> BackendType:
+        """The backend this session's transfers go through."""
         return BackendType(self._s.backend_type())
 
 
@@ -521,7 +581,11 @@ class IOEngine:
             raise TypeError(f"IOEngineConfig.nvtx must be a bool, got {type(config.nvtx).__name__}")
         if config.nvtx:
             _native.Engine.set_trace_ranges(True)
-        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "")
+        if not isinstance(config.failover, bool):
+            raise TypeError(f"IOEngineConfig.failover must be a bool, got {type(config.failover).__name__}")
+        self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "",
+                                 config.failover, _index("IOEngineConfig.retry_attempts", config.retry_attempts),
+                                 _index("IOEngineConfig.retry_budget_ms", config.retry_budget_ms))
         self._key = key
         self._metrics_server = None
         if metrics_port >= 0:
@@ -541,14 +605,20 @@ class IOEngine:
 
     @property
     def key(self) -> str:
+        """The engine's key, unique among the engines that talk to each other."""
         return self._key
 
     @_native_call
     def get_engine_desc(self) -> EngineDesc:
+        """This engine's descriptor: give it (packed) to peers so they can reach it."""
         return EngineDesc(self._e.get_engine_desc())
 
     @_native_call
     def create_backend(self, type, config=None) -> None:
+        """Adds a backend of ``type`` (BackendType) with ``config`` (its config class; None: the defaults).
+
+        ValueError or TypeError for a wrong type or config; RuntimeError if the
+        backend cannot start here (e.g. RDMA without an active device)."""
         btype = BackendType(type)
         if btype in _UNSUPPORTED_BACKENDS:
             raise NotImplementedError(f"create_backend({btype.name}): {_UNSUPPORTED_BACKENDS[btype]}")
@@ -566,11 +636,13 @@ class IOEngine:
 
     @_native_call
     def remove_backend(self, type) -> None:
+        """Removes the backend of ``type``; its in-flight transfers end with an error status."""
         self._e.remove_backend(int(BackendType(type)))
 
     @_native_call
     @_upstream_keywords(engine_desc="desc")
     def register_remote_engine(self, desc: EngineDesc) -> None:
+        """Makes the engine of ``desc`` known, so memory it owns can be used in transfers."""
         self._e.register_remote_engine(_check_desc("desc", desc, EngineDesc))
 
     @_native_call
@@ -589,6 +661,9 @@ class IOEngine:
 
     @_native_call
     def register_memory(self, ptr: int, size: int, device_id: int, mem_loc) -> MemoryDesc:
+        """Registers ``size`` bytes at address ``ptr`` (host memory, or GPU memory of
+        ``device_id``, as ``mem_loc`` says); returns its descriptor. The caller
+        keeps the memory alive until deregister_memory."""
         loc = MemoryLocationType(mem_loc)
         return MemoryDesc(
             self._e.register_memory(_index("ptr", ptr), _index("size", size), _index("device_id", device_id), int(loc))
@@ -596,6 +671,8 @@ class IOEngine:
 
     @_native_call
     def register_torch_tensor(self, tensor: torch.Tensor) -> MemoryDesc:
+        """Registers a contiguous tensor's bytes (CPU or GPU); returns its
+        descriptor. The engine keeps the tensor alive until deregister_memory."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"register_torch_tensor: expected a torch.Tensor, got {type(tensor).__name__}")
         desc = MemoryDesc(self._e.register_tensor(tensor))
@@ -605,15 +682,20 @@ class IOEngine:
     @_native_call
     @_upstream_keywords(mem_desc="desc")
     def deregister_memory(self, desc: MemoryDesc) -> None:
+        """Deregisters local memory: in-flight transfers on it end with an error, and
+        peers that mapped it (XGMI) have stopped using it when this returns."""
         self._e.deregister_memory(_check_desc("desc", desc, MemoryDesc))
         self._tensors.pop(desc.id, None)
 
     @_native_call
     def allocate_transfer_uid(self) -> int:
+        """A transfer uid not used before by this engine."""
         return self._e.allocate_transfer_uid()
 
     @_upstream_keywords(transfer_uid="uid")
     def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid) -> TransferStatus:
+        """Reads ``size`` bytes at ``remote_offset`` of ``remote_src`` into ``local_offset`` of
+        ``local_dest``; returns at once with the transfer's status."""
         try:
             return TransferStatus(
                 self._e.read(
@@ -627,6 +709,8 @@ class IOEngine:
 
     @_upstream_keywords(transfer_uid="uid")
     def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid) -> TransferStatus:
+        """Writes ``size`` bytes at ``local_offset`` of ``local_src`` to ``remote_offset`` of
+        ``remote_dest``; returns at once with the transfer's status."""
         try:
             return TransferStatus(
                 self._e.write(
@@ -664,17 +748,24 @@ class IOEngine:
     @_native_call
     @_upstream_keywords(local_mem="local", remote_mem="remote")
     def create_session(self, local: MemoryDesc, remote: MemoryDesc) -> Optional[IOEngineSession]:
+        """A session pinning the pair (``local``, ``remote``) to the backend that
+        serves it, for repeated transfers without per-call lookups; None if no
+        backend can serve the pair."""
         s = self._e.create_session(_check_desc("local", local, MemoryDesc), _check_desc("remote", remote, MemoryDesc))
         return None if s is None else IOEngineSession(s, self)
 
     @_native_call
     @_upstream_keywords(transfer_uid="uid")
     def pop_inbound_transfer_status(self, remote_key: str, uid: int) -> Optional[TransferStatus]:
+        """The status of the inbound transfer ``uid`` of engine ``remote_key`` once
+        its data is in place, or None; each status is returned once."""
         s = self._e.pop_inbound_transfer_status(remote_key, _index("uid", uid))
         return None if s is None else TransferStatus(s)
 
     @_native_call
     def wait_all(self, statuses: Sequence[Optional[TransferStatus]], timeout_ms: int = -1) -> StatusCode:
+        """Waits until every status ends (None entries skipped), at most
+        ``timeout_ms`` (<0: forever); returns SUCCESS or the first error code."""
         natives = []
         for s in statuses:
             if s is None:
@@ -710,6 +801,16 @@ class IOEngine:
     def metrics_port(self) -> Optional[int]:
         """The port of this engine's Prometheus endpoint (IOEngineConfig.metrics_port), None without one."""
         return None if self._metrics_server is None else self._metrics_server.server_port
+
+    @_native_call
+    def failover_stats(self) -> Dict[str, int]:
+        """What retry and failover did so far: retries (attempts after a
+        transfer's first), recovered (transfers that succeeded after a retry),
+        exhausted (transfers that failed after every attempt), failovers
+        (switches away from a failed backend), returns (switches back),
+        probes (transfers let through to a failed backend) and paths_down
+        (peer, backend) paths failed now."""
+        return dict(self._e.failover_stats())
 
     @_native_call
     def mapped_remote_memories(self) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "LayerTable",
     "PageTables",
     "StaticPageTables",
+    "PullsAhead",
     "layer_pages",
     "pull_layer",
 ]
@@ -123,12 +124,14 @@ class LayerPages:
         return (self.offset + block_ids.unsqueeze(1) * self.block_stride + segs.unsqueeze(0)).reshape(-1)
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of this layer's page geometry (from_dict reads it back)."""
         return {"offset": self.offset, "block_stride": self.block_stride, "seg_bytes": self.seg_bytes,
                 "seg_offsets": list(self.seg_offsets), "num_blocks": self.num_blocks,
                 "block_shape": self.block_shape}
 
     @staticmethod
     def from_dict(d: Mapping) -> "LayerPages":
+        """The LayerPages of a dict made by to_dict; ValueError naming what is wrong."""
         if not isinstance(d, Mapping):
             raise ValueError(f"a layer's pages must be a mapping, got {type(d).__name__}")
         try:
@@ -212,6 +215,7 @@ class KVLayout:
         return KVLayout(layers, memory.numel() * memory.element_size())
 
     def to_dict(self) -> dict:
+        """A JSON-able dict of the whole layout (from_dict reads it back)."""
         return {"memory_bytes": self.memory_bytes, "layers": {n: p.to_dict() for n, p in self.layers.items()}}
 
     @staticmethod
@@ -253,6 +257,7 @@ class LayerTable:
 
     @property
     def num_entries(self) -> int:
+        """How many (local, remote) page pairs the table holds."""
         return int(self.local.numel())
 
 
@@ -263,6 +268,57 @@ def pull_layer(handle: int, memory: torch.Tensor, table: LayerTable) -> None:
         ops.read_pages(handle, memory, table.local, table.remote, table.page_bytes)
     else:
         ops.batch_read(handle, memory, table.local, table.remote, table.sizes)
+
+
+class PullsAhead:
+    """A step's per-layer pulls, enqueued all at once on a side stream so
+    that later layers' pulls overlap earlier layers' compute (GPU memory).
+
+    ``start`` forks the side stream from the current stream (so the pulls
+    see everything enqueued before) and enqueues every layer's pull there in
+    the given order, recording one event per layer; ``wait(layer)`` makes
+    the current stream wait for that layer's pages only; ``finish`` joins
+    whatever was not waited for. All three are capturable: inside a CUDA
+    graph capture the side stream forks from and joins the capturing stream.
+    The tables must stay alive (and unchanged) until the pulls ran."""
+
+    def __init__(self, device: Union[str, torch.device, None] = None):
+        self.stream = torch.cuda.Stream(device)
+        self._events: Dict[str, torch.cuda.Event] = {}
+        self._last: Optional[torch.cuda.Event] = None
+
+    def start(self, pulls: Sequence[Tuple[int, torch.Tensor, Mapping[str, LayerTable]]],
+              layers: Sequence[str]) -> None:
+        """``pulls``: (session handle, local memory, layer -> LayerTable)
+        per remote engine; ``layers``: the order the forward pass uses them."""
+        self.finish()
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            for name in layers:
+                for handle, memory, tables in pulls:
+                    if name in tables:
+                        pull_layer(handle, memory, tables[name])
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+                self._events[name] = self._last = ev
+
+    def wait(self, layer: str) -> bool:
+        """The current stream waits for ``layer``'s pull; False if it was not started."""
+        ev = self._events.pop(layer, None)
+        if ev is None:
+            return False
+        torch.cuda.current_stream(self.stream.device).wait_event(ev)
+        if ev is self._last:  # the side stream's last work: everything is joined
+            self._events.clear()
+            self._last = None
+        return True
+
+    def finish(self) -> None:
+        """Joins the side stream's pulls that no layer waited for."""
+        if self._last is not None:
+            torch.cuda.current_stream(self.stream.device).wait_event(self._last)
+        self._events.clear()
+        self._last = None
 
 
 def _as_ids(name: str, ids: BlockIds, limit: int) -> torch.Tensor:
@@ -328,6 +384,7 @@ class PageTables:
         return layer in self._tables
 
     def layers(self) -> Iterable[str]:
+        """The names of the layers that have a table."""
         return self._tables.keys()
 
 
@@ -358,6 +415,9 @@ class StaticPageTables:
 
     def __getitem__(self, layer: str) -> LayerTable:
         return self._tables[layer]
+
+    def __contains__(self, layer: str) -> bool:
+        return layer in self._tables
 
     def set(self, local_ids: BlockIds, remote_ids: BlockIds) -> None:
         """Fills the tables with this step's blocks (the rest padded).

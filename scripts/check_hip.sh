@@ -7,7 +7,8 @@ export HIP_PLATFORM=amd  # nvcc is installed too; hipcc would otherwise pick it
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for f in csrc/gpu/*.cpp csrc/gpu/*.cu csrc/backends/xgmi/*.cpp; do
-  hipcc -x hip --offload-arch=gfx90a -std=c++17 -O1 -Werror=return-type -DMORI_WITH_GPU=1 -Icsrc \
+  # hipcc leaves two empty directories in $TMPDIR per compile: keep them in $out.
+  TMPDIR=$out hipcc -x hip --offload-arch=gfx90a -std=c++17 -O1 -Werror=return-type -DMORI_WITH_GPU=1 -Icsrc \
     -c "$f" -o "$out/$(basename "$f").o"
 done
-echo "HIP compile check passed for gfx90a ($(ls "$out" | wc -l) files)"
+echo "HIP compile check passed for gfx90a ($(ls "$out"/*.o | wc -l) files)"

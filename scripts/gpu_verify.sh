@@ -52,8 +52,10 @@ stream() {
 
 # CPU-only tests that need what the device image lacks: the `mori` alias's
 # .pth hook (a pip install), the rendezvous stores' network set-up, the
-# downloaded serving-engine sources. CI runs them.
-CPU_ONLY_TESTS=(tests/python/test_mori_alias.py tests/python/test_mori_compat.py tests/python/test_rendezvous.py)
+# downloaded serving-engine sources, pip's isolated build environment
+# (test_install: setuptools from the index). CI runs them.
+CPU_ONLY_TESTS=(tests/python/test_mori_alias.py tests/python/test_mori_compat.py tests/python/test_rendezvous.py
+  tests/python/test_install.py)
 
 rest() {
   local deselect=()

@@ -7,7 +7,7 @@
 #
 # A plain `pip install vllm==0.33.0` fails (the wheel pins
 # certifi>=2026.10.19, newer than any certifi on PyPI) and pulls the whole
-# CUDA stack again. This is the lean install of shared/notes/VLLM_ON_CPU.md:
+# CUDA stack again. This is the lean install of docs/VLLM_ON_CPU.md:
 #   1. the part of vLLM's requirements its scheduler, config and KV-connector
 #      paths import, with the wheel's own version bounds (certifi relaxed),
 #   2. vllm --no-deps, beside the torch already there (the wheel pins

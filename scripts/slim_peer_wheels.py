@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Download the two peer libraries' wheels (NIXL, Mooncake Transfer Engine) and
 slim them so that, together with the project, they fit the GPU machine's
-64 MiB transfer (see /work/shared/notes/PEER_WHEELS.md).
+64 MiB transfer (see docs/PEER_WHEELS.md).
 
     python scripts/slim_peer_wheels.py [--dest .peer_wheels] [--download-dir DIR]
 

@@ -10,6 +10,15 @@ cd "$(dirname "$0")/.."
 VENV=${MORI_VENV:-.venv}
 JOBS=$(nproc)
 
+# Tests leave nothing in /tmp: everything this run makes in a temporary
+# directory goes into one of its own, checked at the end. Only this run's
+# directory is looked at (the machine's /tmp is shared with other users).
+RUN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/mori-test.XXXXXX")
+export TMPDIR=$RUN_TMP
+trap 'rm -rf "$RUN_TMP"' EXIT
+# torch.compile's cache is a cache, not a leftover: it lives in build/.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/torchinductor}
+
 cmake -S . -B build/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build/cmake -j "$JOBS"
 # Host: everything but the tests that need an RDMA device ...
@@ -44,10 +53,24 @@ timeout -k 10 1200 tests/rdma_vm/run_ctest.sh build/cmake
 
 scripts/check_hip.sh
 
-"$VENV/bin/python" -m pytest -q -ra --timeout=600 tests/python "$@"
+# pytest's own tmp_path directories (kept by design for debugging) go to
+# build/pytest-tmp, outside the leftover check (pytest makes only the last level).
+mkdir -p build/pytest-tmp
+"$VENV/bin/python" -m pytest -q -ra --timeout=600 --basetemp="$PWD/build/pytest-tmp/python" tests/python "$@"
 
 if "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
-  "$VENV/bin/python" -m pytest -q -ra --timeout=600 -p no:cacheprovider tests/vllm
+  "$VENV/bin/python" -m pytest -q -ra --timeout=600 -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp/vllm" \
+    tests/vllm
 else
   echo "tests/vllm not run: vLLM is not installed in $VENV (scripts/setup_vllm_env.sh adds it)"
 fi
+
+# torchinductor_<user>: torch.compile's precompiled headers, which torch
+# always puts under the temporary directory (a cache, gone with RUN_TMP).
+left=$(cd "$RUN_TMP" && find . -mindepth 1 -maxdepth 2 -not -path "./torchinductor_*" | sort | head -n 50)
+if [ -n "$left" ]; then
+  echo "FAILED: the tests left these in their temporary directory (TMPDIR=$RUN_TMP):" >&2
+  echo "$left" >&2
+  exit 1
+fi
+echo "nothing left behind in the temporary directory"

@@ -71,6 +71,8 @@ const std::vector<Entry>& Rows() {
           "Stream-ordered ops: how long the doorbell thread spins after activity before it sleeps (us)."),
       Int(E, "MORI_TORCH_FAIL_PINNED_CHUNK", 0, 0, kI32,
           "Test hook: k > 0 makes the k-th chunk of every new pinned staging set fail to pin."),
+      Int(E, "MORI_TORCH_FAIL_IPC_OPENS", 0, 0, kI32,
+          "Test hook: the next N XGMI mappings of a peer's memory fail like a refused IPC open (failover tests)."),
       // Environment: RDMA devices (mori_torch's and MORI's names).
       Text(E, "MORI_TORCH_IBVERBS_LIB", "libibverbs.so.1", "rdma-core verbs library to load."),
       Text(E, "MORI_TORCH_RDMA_DEVICES", "",
@@ -113,6 +115,12 @@ const std::vector<Entry>& Rows() {
           "Serve IOEngine.stats() for Prometheus at http://host:port/metrics (needs prometheus_client); 0 picks "
           "a free port, -1: no endpoint."),
       Bool(Eng, "nvtx", false, "Profiler ranges around transfers and ops, process-wide (as MORI_TORCH_NVTX=1)."),
+      Bool(Eng, "failover", true,
+           "Retry transfers whose path breaks over a fresh connection, and fail over between backends "
+           "(docs/FAILOVER.md); off: a broken path fails its transfers."),
+      Int(Eng, "retry_attempts", 4, 1, 64, "Attempts in all of a transfer whose path breaks (failover on)."),
+      Int(Eng, "retry_budget_ms", 30000, 0, kTiB,
+          "No retry starts later than this after submission (nor past the backend's op_timeout_ms)."),
 
       // TcpBackendConfig: MORI's TCP branch, plus mori_torch extensions.
       Int(Tcp, "sock_sndbuf_bytes", 32 << 20, 0, kI32, "SO_SNDBUF of data connections (0: the kernel's)."),

@@ -25,6 +25,8 @@ enum class ErrorCause : int {
   kUnspecified = 0,
   kPeerRestarted,  // the engine there is a later incarnation than the one named
   kWrongPeer,      // another engine listens at the address named
+  kPathFailed,     // the connection broke while being set up (reset or closed mid-handshake):
+                   // a fresh one may work (core/retry_driver.h)
 };
 
 inline bool IsError(StatusCode c) { return static_cast<int>(c) > 10; }

@@ -33,6 +33,9 @@ struct TransferOp {
   std::vector<Segment> segs;  // validated against both registrations
   TransferUid uid = 0;
   StatusPtr status;
+  // 0 for the first attempt; the retry driver numbers later ones so that
+  // targets can fence earlier attempts and count notices once.
+  uint16_t attempt = 0;
 };
 
 // The engine-wide part of a backend family, alive as long as its engine
@@ -65,7 +68,7 @@ struct BackendContext {
   // True if `peer` is this engine or a registered remote engine, described
   // exactly as registered.
   std::function<bool(const EngineDesc& peer)> knows_engine;
-  int connect_timeout_ms = 5000;  // IOEngineConfig's, for connections of the engine's own
+  int connect_timeout_ms = 5000;  // the engine's, for connections a service opens itself
   // The engine's services (MakeEngineServices); see FindService.
   const std::vector<std::shared_ptr<EngineService>>* services = nullptr;
   // The engine's event loop, for backends that serve their inbound data
@@ -83,7 +86,8 @@ class BackendPeer {
   virtual void Submit(TransferOp op) = 0;
   virtual bool Alive() const = 0;
 
-  // Stream-ordered transfers (DESIGN §5). GPU-peer backends run them as work
+  // Stream-ordered transfers (docs/ARCHITECTURE.md, "Stream-ordered ops").
+  // GPU-peer backends run them as work
   // on the caller's stream; host-driven ones return false and are driven by
   // a doorbell (core/stream_doorbell.h) through Submit.
   virtual bool RunsOnStream() const { return false; }
@@ -121,14 +125,18 @@ class Backend {
   // thread of the connection's own.
   virtual bool AdoptData(const EngineDesc& /*peer*/, InboundConnection& /*conn*/) { return false; }
   virtual void ServeData(const EngineDesc& /*peer*/, Socket& /*sock*/) {}
+  // The longest one attempt of a transfer may take here (its op timeout);
+  // retries of a transfer never go beyond it. -1: no bound of its own.
+  virtual int64_t OpTimeoutMs() const { return -1; }
   // Ends everything in flight with an error and releases all resources.
   // After it, Submit on any of its peers fails at once. Idempotent.
   virtual void Shutdown() = 0;
 };
 
-// Hands `op` to `peer`: counts it on `counters` (null: not counted) until its
-// status ends, inside a profiler range named after its direction.
-void SubmitCounted(BackendPeer& peer, TransferOp op, const std::shared_ptr<TransferCounters>& counters);
+// Before `op` is submitted: counts it on `counters` (null: not counted) until
+// its status ends (retries included), inside a profiler range named after
+// its direction.
+void AttachRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& counters);
 
 // Builds a backend of `type`; throws Error naming bad config keys/values or
 // an unavailable backend. Defined with the backends (csrc/backends).

@@ -438,7 +438,12 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
     r = WriteFrame(s.fd(), FrameType::AuthProof, hs->Proof(), MsLeft(deadline));
     if (r.ok) r = ReadFrameBy(s.fd(), &reply, deadline);
   }
-  if (!r.ok) throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error);
+  if (!r.ok) {
+    // Reset or closed mid-handshake: the link's fault (a retry may work);
+    // a timeout is not.
+    throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error, 0,
+                r.timed_out ? ErrorCause::kUnspecified : ErrorCause::kPathFailed);
+  }
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
   if (reply.type == FrameType::AuthChallenge) {
     throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine requires authentication and this engine '" +

@@ -78,6 +78,10 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
     const int ms = static_cast<int>(config::EnvInt("MORI_TORCH_FRAME_TIMEOUT_MS"));
     cfg_.control.frame_timeout_ms = cfg_.control.hello_timeout_ms = ms;
   }
+  driver_ = std::make_shared<RetryDriver>(cfg_.retry, cfg_.failover);
+  driver_->SetRouter([this](const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg) {
+    return PickPath(local, remote, path, msg);
+  });
   services_ = MakeEngineServices(ctx_);
   server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control, loop_.get());
   desc_.port = server_->Start(desc_.host, cfg.port);
@@ -96,6 +100,8 @@ void Engine::Shutdown() {
   if (shut_down_.exchange(true)) return;
   // Inbound connections first: they call into backends and memory.
   server_->Stop();
+  // No retry starts from here on (the router calls into this engine).
+  driver_->Shutdown();
   std::array<std::shared_ptr<Backend>, 4> backends;
   {
     std::unique_lock<std::shared_mutex> lk(backends_mu_);
@@ -308,6 +314,15 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
            "' (deregistered?)";
     return StatusCode::ERR_NOT_FOUND;
   }
+  return PickPath(local, remote, &route->path, msg);
+}
+
+StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path,
+                            std::string* msg) {
+  if (shut_down_.load()) {
+    *msg = "engine '" + desc_.key + "' is shut down";
+    return StatusCode::ERR_BAD_STATE;
+  }
   EngineDesc remote_engine;
   std::shared_ptr<TransferStats::PeerCounters> counters;
   {
@@ -324,14 +339,25 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
       return StatusCode::ERR_NOT_FOUND;
     }
   }
+  PathHealth& health = driver_->health();
+  std::shared_ptr<Backend> chosen, first_capable;
+  int capable = 0;
   for (auto t : kPreference) {
     auto b = BackendOf(t);
-    if (b && b->CanServe(local, remote, remote_engine)) {
-      route->backend = std::move(b);
-      route->peer = route->backend->Peer(remote_engine);
-      route->counters = TransferStats::Of(counters, t);
-      return StatusCode::SUCCESS;
-    }
+    if (!b || !b->CanServe(local, remote, remote_engine)) continue;
+    ++capable;
+    if (!first_capable) first_capable = b;
+    // Asked only until one is chosen: asking claims a due probe.
+    if (!chosen && health.Usable(remote_engine.key, t)) chosen = b;
+  }
+  if (!chosen) chosen = std::move(first_capable);  // every capable path is down: try the preferred
+  if (chosen) {
+    path->peer = chosen->Peer(remote_engine);
+    path->backend = std::move(chosen);
+    path->peer_key = remote_engine.key;
+    path->alternative = capable > 1;
+    path->counters = TransferStats::Of(counters, path->backend->Type());
+    return StatusCode::SUCCESS;
   }
   *msg = "No available backend found, create backend first (local " + std::string(MemoryLocationName(local.loc)) +
          " memory, remote " + MemoryLocationName(remote.loc) + " memory)";
@@ -357,7 +383,8 @@ StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc
   op.remote = remote;
   op.uid = uid;
   op.status = status;
-  SubmitCounted(*route.peer, std::move(op), route.counters);
+  AttachRecord(op, route.path.counters);
+  driver_->Submit(std::move(op), std::move(route.path));
   return status;
 }
 
@@ -410,8 +437,7 @@ std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const Me
   }
   if (c != StatusCode::SUCCESS) throw Error(c, "create_session: " + msg);
   ValidateRemoteMemory(remote);
-  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.backend), std::move(route.peer),
-                                   next_uid_, std::move(route.counters));
+  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.path), driver_, next_uid_);
 }
 
 size_t Engine::MappedRemoteMemories() const {

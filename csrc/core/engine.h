@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/control_plane.h"
+#include "core/retry_driver.h"
 #include "core/session.h"
 
 namespace mori_torch {
@@ -29,6 +30,18 @@ struct EngineConfig {
   std::string secret;
   // Event-loop threads that wait on every socket the engine serves.
   int loop_threads = 1;
+  // Transfers whose path breaks are retried (core/retry_driver.h), and a
+  // failed backend hands a peer's transfers to the next capable one
+  // (core/failover.h). retry.enabled = failover.enabled = false: a broken
+  // path fails its transfers, as without either.
+  RetryPolicy retry;
+  FailoverPolicy failover;
+};
+
+// What retry and failover did so far (Engine::FailoverCounters).
+struct FailoverCounters {
+  RetryStats retry;
+  FailoverStats failover;
 };
 
 class Engine : public ControlPlaneDelegate {
@@ -86,8 +99,9 @@ class Engine : public ControlPlaneDelegate {
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
   // This engine's transfer counters as JSON (TransferStats::ToJson).
   std::string StatsJson() const { return stats_.ToJson(desc_.key); }
-  // nullptr entries are skipped. See MORI_IO_API.md for the timeout rules.
+  // nullptr entries are skipped. See docs/MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
+  FailoverCounters Failover() const { return {driver_->Stats(), driver_->health().Stats()}; }
 
   // ControlPlaneDelegate
   const EngineDesc& SelfDesc() const override { return desc_; }
@@ -99,9 +113,7 @@ class Engine : public ControlPlaneDelegate {
  private:
   struct Route {
     std::shared_ptr<LocalMemory> local;
-    std::shared_ptr<Backend> backend;
-    std::shared_ptr<BackendPeer> peer;
-    std::shared_ptr<TransferCounters> counters;  // of (remote engine, backend)
+    TransferPath path;
   };
   // A registered remote engine and its counters (kept here so that a
   // transfer finds them in the lookup it does anyway).
@@ -112,6 +124,10 @@ class Engine : public ControlPlaneDelegate {
   // Resolves local memory, remote engine and backend; SUCCESS or an error
   // code with *msg.
   StatusCode Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, std::string* msg);
+  // The backend for the pair: the first capable one in preference order
+  // whose path to the remote engine is healthy (failover.h), else the first
+  // capable one. The retry driver's router.
+  StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg);
   StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
                    const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
                    const std::vector<int64_t>& sizes, TransferUid uid);
@@ -150,6 +166,7 @@ class Engine : public ControlPlaneDelegate {
   std::unordered_map<std::string, std::shared_ptr<ControlClient>> control_clients_;
 
   std::unique_ptr<ControlPlaneServer> server_;
+  std::shared_ptr<RetryDriver> driver_;
   std::atomic<bool> shut_down_{false};
 };
 

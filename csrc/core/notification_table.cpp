@@ -4,12 +4,34 @@
 
 namespace mori_torch {
 
-void NotificationTable::Arrive(const std::string& initiator, TransferUid uid, uint32_t parts_total) {
+void NotificationTable::Arrive(const std::string& initiator, TransferUid uid, uint32_t parts_total,
+                               uint32_t part_index, uint16_t attempt) {
   std::lock_guard<std::mutex> lk(mu_);
   Entry& e = table_[initiator][uid];
-  const bool fresh = e.total == 0;
-  if (fresh) e.total = parts_total == 0 ? 1 : parts_total;
+  if (e.popped) {
+    if (attempt > 0) return;  // a retry's copy of a notice already handed out
+    e = Entry{};              // the uid used again for a new transfer
+  }
+  if (parts_total == 0) parts_total = 1;
+  bool fresh = e.total == 0;
+  if (fresh) {
+    e.total = parts_total;
+    e.attempt = attempt;
+  }
   if (e.arrived >= e.total) return;  // duplicate part of a finished transfer
+  if (attempt > e.attempt && parts_total != e.total) {
+    // A retry over another backend, split differently: its parts replace the
+    // earlier attempt's (whose missing ones will never come: they failed).
+    e.total = parts_total;
+    e.arrived = 0;
+    e.seen = 0;
+  }
+  if (attempt > e.attempt) e.attempt = attempt;
+  if (part_index < kIndexedParts) {
+    const uint64_t bit = uint64_t{1} << part_index;
+    if (e.seen & bit) return;  // this part arrived before (an earlier attempt's copy)
+    e.seen |= bit;
+  }
   if (++e.arrived < e.total) {
     if (fresh) {
       ++partial_;
@@ -68,7 +90,7 @@ bool NotificationTable::IsLiveCompleted(const std::pair<std::string, TransferUid
   auto it = table_.find(rec.first);
   if (it == table_.end()) return false;
   auto jt = it->second.find(rec.second);
-  return jt != it->second.end() && jt->second.arrived >= jt->second.total;
+  return jt != it->second.end() && !jt->second.popped && jt->second.arrived >= jt->second.total;
 }
 
 void NotificationTable::TrimStaleOrder() {
@@ -83,12 +105,26 @@ bool NotificationTable::Pop(const std::string& initiator, TransferUid uid) {
   auto it = table_.find(initiator);
   if (it == table_.end()) return false;
   auto jt = it->second.find(uid);
-  if (jt == it->second.end() || jt->second.arrived < jt->second.total) return false;
-  it->second.erase(jt);
+  if (jt == it->second.end() || jt->second.popped || jt->second.arrived < jt->second.total) return false;
+  jt->second.popped = true;
   --completed_;
-  if (it->second.empty()) table_.erase(it);
+  popped_order_.emplace_back(initiator, uid);
+  EvictPopped();
   TrimStaleOrder();
   return true;
+}
+
+void NotificationTable::EvictPopped() {
+  while (popped_order_.size() > max_popped_) {
+    auto old = std::move(popped_order_.front());
+    popped_order_.pop_front();
+    auto it = table_.find(old.first);
+    if (it == table_.end()) continue;
+    auto jt = it->second.find(old.second);
+    if (jt == it->second.end() || !jt->second.popped) continue;  // reused since
+    it->second.erase(jt);
+    if (it->second.empty()) table_.erase(it);
+  }
 }
 
 size_t NotificationTable::PartialCount() const {

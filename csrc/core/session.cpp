@@ -31,8 +31,43 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   op.remote = remote_;
   op.uid = uid;
   op.status = status;
-  SubmitCounted(*peer_, std::move(op), counters_);
+  TransferPath path = CurrentPath();
+  AttachRecord(op, path.counters);
+  driver_->Submit(std::move(op), std::move(path));
   return status;
+}
+
+TransferPath Session::CurrentPath() {
+  PathHealth& health = driver_->health();
+  const uint64_t generation = health.Generation();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (generation == generation_) return path_;
+  }
+  TransferPath fresh;
+  std::string msg;
+  if (driver_->Route(local_->desc, remote_, &fresh, &msg) != StatusCode::SUCCESS) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return path_;  // the engine is shutting down: the pinned path fails it
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  // Pinned only once every path is healthy: until then each transfer is
+  // routed anew (one of them may be a down path's probe).
+  if (health.Stats().paths_down == 0) {
+    path_ = fresh;
+    generation_ = generation;
+  }
+  return fresh;
+}
+
+BackendType Session::backend_type() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return path_.backend->Type();
+}
+
+std::shared_ptr<BackendPeer> Session::peer() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return path_.peer;
 }
 
 // Single transfers pass their scalars as one-element spans: no allocation.
@@ -49,6 +84,6 @@ StatusPtr Session::BatchWrite(Int64Span lo, Int64Span ro, Int64Span sizes, Trans
   return Submit(false, lo, ro, sizes, uid);
 }
 
-bool Session::Alive() const { return !local_->retired() && peer_->Alive(); }
+bool Session::Alive() const { return !local_->retired() && peer()->Alive(); }
 
 }  // namespace mori_torch

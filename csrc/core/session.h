@@ -1,27 +1,31 @@
 // A session pins one (local, remote) memory pair to its backend peer, so
-// repeated transfers skip descriptor and backend lookups.
+// repeated transfers skip descriptor and backend lookups. It follows
+// failover: while some path is down its transfers are routed one by one
+// (core/failover.h), and once all are healthy again it pins afresh.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/retry_driver.h"
 #include "core/transfer_args.h"
 
 namespace mori_torch {
 
 class Session {
  public:
-  Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, std::shared_ptr<Backend> backend,
-          std::shared_ptr<BackendPeer> peer, std::shared_ptr<std::atomic<uint64_t>> uids,
-          std::shared_ptr<TransferCounters> counters)
+  Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, TransferPath path,
+          std::shared_ptr<RetryDriver> driver, std::shared_ptr<std::atomic<uint64_t>> uids)
       : local_(std::move(local)),
         remote_(std::move(remote)),
-        backend_(std::move(backend)),
-        peer_(std::move(peer)),
+        path_(std::move(path)),
+        driver_(std::move(driver)),
+        generation_(driver_->health().Generation()),
         uids_(std::move(uids)),
-        counters_(std::move(counters)) {}
+        counters_(path_.counters) {}
 
   StatusPtr Read(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
   StatusPtr Write(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
@@ -36,23 +40,30 @@ class Session {
                       Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
   bool Alive() const;
   TransferUid AllocateTransferUid() { return uids_->fetch_add(1, std::memory_order_relaxed); }
-  BackendType backend_type() const { return backend_->Type(); }
+  // The pinned backend (the one failover routes to may differ for a while).
+  BackendType backend_type() const;
   const MemoryDesc& local_desc() const { return local_->desc; }
   const MemoryDesc& remote_desc() const { return remote_; }
   // For stream-ordered transfers (csrc/torch/ops.cpp).
   const std::shared_ptr<LocalMemory>& local() const { return local_; }
-  BackendPeer& peer() const { return *peer_; }
+  std::shared_ptr<BackendPeer> peer() const;
 
  private:
   StatusPtr Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes,
                    TransferUid uid);
 
+  // The pinned path, or a freshly routed one while some path is down.
+  TransferPath CurrentPath();
+
   std::shared_ptr<LocalMemory> local_;
   MemoryDesc remote_;
-  std::shared_ptr<Backend> backend_;
-  std::shared_ptr<BackendPeer> peer_;
+  mutable std::mutex mu_;
+  TransferPath path_;  // guarded by mu_
+  std::shared_ptr<RetryDriver> driver_;
+  uint64_t generation_;  // of PathHealth when path_ was pinned; guarded by mu_
   std::shared_ptr<std::atomic<uint64_t>> uids_;
-  std::shared_ptr<TransferCounters> counters_;  // the engine's, for this pair (null: not counted)
+  // The engine's counters for this pair and the first backend (null: not counted).
+  std::shared_ptr<TransferCounters> counters_;
 };
 
 }  // namespace mori_torch

@@ -28,7 +28,19 @@ std::string TransferStatus::Message() const {
   return message_;
 }
 
-void TransferStatus::Update(StatusCode code, const std::string& message) {
+void TransferStatus::Update(StatusCode code, const std::string& message, bool path_failed) {
+  if (IsTerminal(code)) {
+    OutcomeHook hook;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      hook.swap(outcome_);
+    }
+    if (hook) {
+      std::string msg = message;
+      if (hook(code, &msg, path_failed)) return;
+      return Update(code, msg);
+    }
+  }
   TransferRecord ended;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -83,6 +95,11 @@ void TransferStatus::SetProgressHook(std::function<void()> hook) {
   std::lock_guard<std::mutex> lk(mu_);
   if (IsTerminal(PeekCode())) return;
   progress_ = std::make_shared<std::function<void()>>(std::move(hook));
+}
+
+void TransferStatus::SetOutcomeHook(OutcomeHook hook) {
+  std::lock_guard<std::mutex> lk(mu_);
+  outcome_ = std::move(hook);
 }
 
 void TransferStatus::Wait() { WaitFor(-1); }

@@ -33,8 +33,18 @@ class TransferStatus {
   bool Failed() { return IsError(Code()); }
 
   // Moves the status forward. Once an error is set it sticks: later calls,
-  // SUCCESS included, are ignored (first error wins).
-  void Update(StatusCode code, const std::string& message = "");
+  // SUCCESS included, are ignored (first error wins). `path_failed` marks an
+  // error of the path (connection reset or closed, QP in error): the bytes
+  // may be re-sent over another connection or backend (core/retry_driver.h).
+  // Bounds, auth, deregistration and timeout errors are never path errors.
+  void Update(StatusCode code, const std::string& message = "", bool path_failed = false);
+
+  // Sees the terminal outcome of one attempt before the caller does; may
+  // rewrite the message. Returning true takes the outcome (the status stays
+  // in progress: another attempt will end it). One-shot: called at most once
+  // per installation, with no lock of the status held.
+  using OutcomeHook = std::function<bool(StatusCode code, std::string* message, bool path_failed)>;
+  void SetOutcomeHook(OutcomeHook hook);
   // Raw setters for user-owned statuses (mori.io compatibility).
   void SetCode(StatusCode code);
   void SetMessage(const std::string& message);
@@ -65,6 +75,7 @@ class TransferStatus {
   std::string message_;
   std::shared_ptr<std::function<void()>> progress_;
   TransferRecord record_;
+  OutcomeHook outcome_;
 };
 
 using StatusPtr = std::shared_ptr<TransferStatus>;

@@ -83,7 +83,7 @@ void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, S
 // How many segment-copying groups of threads run at once on `device`.
 uint32_t SegmentCopyResidentGroups(int device);
 // Loads every kernel of the project on `device` now: lazy module loading
-// while a stream waits on host memory can deadlock (notes/GPU_FACTS.md).
+// while a stream waits on host memory can deadlock (docs/GPU_FACTS.md).
 void WarmUpKernels(int device);
 
 // Page-locked host memory from anonymous mmap + host registration (not

@@ -1,4 +1,5 @@
-// Stream-ordered work for the torch ops (DESIGN §5), vendor-free like
+// Stream-ordered work for the torch ops (docs/ARCHITECTURE.md, "Stream-ordered
+// ops"), vendor-free like
 // gpu_runtime.h: a bounds-checked copy kernel that reads its segment list from
 // device memory at run time (so CUDA graph replays see new block tables),
 // stream flag writes/waits on pinned host words (the doorbell of host-driven
@@ -58,8 +59,8 @@ struct StreamCopyArgs {
   int64_t uniform_size = 0;
   int64_t size_stride = 1;  // 0: one size for every segment
   StreamError* error = nullptr;  // device address of the error record
-  // Packed staging (host-driven backends, DESIGN §5): the remote side is a
-  // pinned slot where segment i sits at packed_offsets[i], or at
+  // Packed staging (host-driven backends, docs/ARCHITECTURE.md): the remote
+  // side is a pinned slot where segment i sits at packed_offsets[i], or at
   // i * uniform_size when that list is null; remote_offsets are then the
   // network's business, not the kernel's.
   bool remote_packed = false;

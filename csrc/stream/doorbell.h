@@ -1,5 +1,6 @@
 // The doorbell that orders host-driven transfers (TCP, RDMA) on a GPU stream
-// (DESIGN §5). For each stream-ordered op a slot of pinned, device-mapped
+// (docs/ARCHITECTURE.md, "Stream-ordered ops"). For each stream-ordered op a
+// slot of pinned, device-mapped
 // host memory is enqueued on the stream (enqueue.cpp) as
 //   [block lists -> slot] [GPU pages -> staging (writes)] -> ring := 1
 //   -> wait done == 1 -> done := 0 [staging -> GPU pages (reads)]

@@ -59,7 +59,7 @@ void LaunchOnPeer(const StreamTransfer& t, StreamDriver& stream) {
   a.error = t.errors ? t.errors->device_record() : nullptr;
   if (!stream.is_gpu_stream()) InvalidArgs("this session's backend copies on a GPU stream; none was given");
   const Session& s = *t.session;
-  s.peer().LaunchOnStream(*s.local(), s.remote_desc(), a, stream.native());
+  s.peer()->LaunchOnStream(*s.local(), s.remote_desc(), a, stream.native());
 }
 
 // A slot captured into a graph lives as long as the graph: a user object
@@ -215,7 +215,7 @@ void EnqueueOnStream(const StreamTransfer& t, StreamDriver& stream) {
   if (t.segs.count < 0) InvalidArgs("negative segment count " + std::to_string(t.segs.count));
   const bool capturing = stream.Capturing();
   Session& s = *t.session;
-  const bool on_peer = s.peer().RunsOnStream();
+  const bool on_peer = s.peer()->RunsOnStream();
   CheckListsFor(t, capturing, on_peer);
   if (on_peer) return LaunchOnPeer(t, stream);
   const bool is_registration = t.local_base == s.local()->desc.data;
@@ -223,7 +223,7 @@ void EnqueueOnStream(const StreamTransfer& t, StreamDriver& stream) {
     InvalidArgs("local host memory must be the session's registration on a stream (a copy runs on the host: "
                 "RunOnHost)");
   }
-  const bool staged = t.local_on_device && !(is_registration && s.peer().PostsFromDeviceMemory(*s.local()));
+  const bool staged = t.local_on_device && !(is_registration && s.peer()->PostsFromDeviceMemory(*s.local()));
   RingDoorbell(t, stream, capturing, staged);
 }
 
@@ -235,7 +235,7 @@ void EnqueueOnStream(const StreamTransfer& t, gpu::Stream stream) {
 void PrepareForStream(Session& s) {
   if (gpu::DeviceCount() == 0) return;
   const auto& local = *s.local();
-  s.peer().PrepareStream(local, s.remote_desc());
+  s.peer()->PrepareStream(local, s.remote_desc());
   const int dev = local.desc.loc == MemoryLocationType::GPU ? local.desc.device_id : gpu::CurrentDevice();
   gpu::WarmUpStreamKernels(dev);
   gpu::WarmUpKernels(dev);

@@ -1,4 +1,5 @@
-// The one entry point of stream-ordered transfers (DESIGN §5), torch-free:
+// The one entry point of stream-ordered transfers (docs/ARCHITECTURE.md,
+// "Stream-ordered ops"), torch-free:
 // the torch ops (csrc/torch/ops_*.cpp) are thin adapters onto it, and C++
 // users call it directly with a CUDA/HIP stream.
 //

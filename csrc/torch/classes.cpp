@@ -123,12 +123,17 @@ std::vector<std::vector<int64_t>> ToVecs(const c10::List<at::Tensor>& l, const c
 
 struct EngineObj : torch::CustomClassHolder {
   std::shared_ptr<Engine> e;
-  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret) {
+  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret,
+            bool failover, int64_t retry_attempts, int64_t retry_budget_ms) {
     Guard([&] {
       EngineConfig cfg;
       cfg.host = host;
       cfg.secret = secret;
       cfg.port = static_cast<int>(config::Value({{"port", port}}, "IOEngineConfig", "port"));
+      cfg.retry.enabled = cfg.failover.enabled = failover;
+      cfg.retry.max_attempts =
+          static_cast<int>(config::Value({{"retry_attempts", retry_attempts}}, "IOEngineConfig", "retry_attempts"));
+      cfg.retry.budget_ms = config::Value({{"retry_budget_ms", retry_budget_ms}}, "IOEngineConfig", "retry_budget_ms");
       e = std::make_shared<Engine>(key, cfg);
       return 0;
     });
@@ -255,8 +260,9 @@ TORCH_LIBRARY(mori, m) {
       .def("backend_type", [](const SessionRef& self) { return static_cast<int64_t>(self->s->backend_type()); });
 
   m.class_<EngineObj>("Engine")
-      .def(torch::init<std::string, std::string, int64_t, std::string>(), "",
-           {torch::arg("key"), torch::arg("host"), torch::arg("port"), torch::arg("secret") = std::string()})
+      .def(torch::init<std::string, std::string, int64_t, std::string, bool, int64_t, int64_t>(), "",
+           {torch::arg("key"), torch::arg("host"), torch::arg("port"), torch::arg("secret") = std::string(),
+            torch::arg("failover") = true, torch::arg("retry_attempts") = 4, torch::arg("retry_budget_ms") = 30000})
       .def("get_engine_desc", [](const EngineRef& self) { return c10::make_intrusive<EngineDescObj>(self->e->Desc()); })
       .def("create_backend",
            [](const EngineRef& self, int64_t type, const c10::Dict<std::string, int64_t>& config) {
@@ -366,6 +372,19 @@ TORCH_LIBRARY(mori, m) {
              return static_cast<int64_t>(Engine::WaitAll(v, timeout_ms));
            })
       .def("shutdown", [](const EngineRef& self) { self->e->Shutdown(); })
+      .def("failover_stats",
+           [](const EngineRef& self) {
+             const FailoverCounters f = self->e->Failover();
+             c10::Dict<std::string, int64_t> d;
+             d.insert("retries", static_cast<int64_t>(f.retry.retries));
+             d.insert("recovered", static_cast<int64_t>(f.retry.recovered));
+             d.insert("exhausted", static_cast<int64_t>(f.retry.exhausted));
+             d.insert("failovers", static_cast<int64_t>(f.failover.failovers));
+             d.insert("returns", static_cast<int64_t>(f.failover.returns));
+             d.insert("probes", static_cast<int64_t>(f.failover.probes));
+             d.insert("paths_down", static_cast<int64_t>(f.failover.paths_down));
+             return d;
+           })
       .def("mapped_remote_memories",
            [](const EngineRef& self) { return static_cast<int64_t>(self->e->MappedRemoteMemories()); })
       // Transfer counters as JSON (core/transfer_stats.h documents the fields;

@@ -6,6 +6,8 @@
 // that serving engines pass into int64 tensors in one pass in C (a few ns
 // per entry), since the TorchScript boundary converts a List[int] at about
 // 20 ns per entry; config_table hands the settings table to mori_torch.config.
+// The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
+// that nothing is generated into the source tree at build time.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -157,10 +159,30 @@ PyMethodDef kMethods[] = {
      "config_table() -> the settings table (environment variables and config keys); see mori_torch.config."},
     {nullptr, nullptr, 0, nullptr}};
 
+// setup.py passes the torch version as bare tokens (see there for why).
+#define MORI_STRINGIZE_TOKENS(x) #x
+#define MORI_STRINGIZE(x) MORI_STRINGIZE_TOKENS(x)
+#ifdef MORI_TORCH_BUILT_AGAINST
+constexpr const char* kBuiltAgainstTorch = MORI_STRINGIZE(MORI_TORCH_BUILT_AGAINST);
+#else
+constexpr const char* kBuiltAgainstTorch = "unknown";
+#endif
+
 }  // namespace
 
 extern "C" PyObject* PyInit__C(void) {
   static PyModuleDef def = {PyModuleDef_HEAD_INIT, "mori_torch._C", "mori_torch native library", -1, kMethods,
                             nullptr, nullptr, nullptr, nullptr};
-  return PyModule_Create(&def);
+  PyObject* m = PyModule_Create(&def);
+  if (m == nullptr) return nullptr;
+  // TORCH_VERSION: the torch this extension was compiled against (mori_torch
+  // refuses to import under another); WITH_GPU: compiled with CUDA/HIP.
+  PyObject* with_gpu = PyBool_FromLong(MORI_WITH_GPU);
+  if (PyModule_AddStringConstant(m, "TORCH_VERSION", kBuiltAgainstTorch) < 0 ||
+      PyModule_AddObject(m, "WITH_GPU", with_gpu) < 0) {  // steals with_gpu only on success
+    Py_XDECREF(with_gpu);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

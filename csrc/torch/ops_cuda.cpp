@@ -44,7 +44,7 @@ void RunOnStream(OpCall c) {
                       c.t.list_names[k], " is a CPU tensor");
   }
   const Session& s = *c.ss->session;
-  if (s.peer().RunsOnStream()) {
+  if (s.peer()->RunsOnStream()) {
     TORCH_CHECK_VALUE(c.local.is_cuda(), c.name,
                       ": this session's backend copies between GPUs; local must be on a GPU");
     for (auto& t : c.lists) {

@@ -1,4 +1,5 @@
-// The schemas of torch.ops.mori.* (DESIGN §1.3, §5), and the ops that need
+// The schemas of torch.ops.mori.* (README "Stream-ordered ops";
+// docs/ARCHITECTURE.md), and the ops that need
 // no device: session handles, error checks, introspection. Implementations:
 // ops_cpu.cpp (synchronous) and ops_cuda.cpp (ordered on the current stream);
 // fake implementations for torch.compile live in mori_torch/ops.py.

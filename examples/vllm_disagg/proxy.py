@@ -21,8 +21,11 @@ import copy
 import itertools
 import logging
 
-import aiohttp
-from aiohttp import web
+try:
+    import aiohttp
+    from aiohttp import web
+except ImportError as e:
+    raise SystemExit(f"proxy.py needs aiohttp (a vLLM dependency): pip install aiohttp ({e})")
 
 log = logging.getLogger("vllm-disagg-proxy")
 SESSION = web.AppKey("session", aiohttp.ClientSession)

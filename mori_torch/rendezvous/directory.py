@@ -261,6 +261,7 @@ class Directory:
         return peer
 
     def peers(self) -> Dict[str, Peer]:
+        """The peers connected through this directory, by engine key (a copy)."""
         with self._lock:
             return dict(self._peers)
 

@@ -66,6 +66,7 @@ class Entry:
     pid: int = 0
 
     def encode(self) -> bytes:
+        """The entry as the bytes stored in the directory (decode_entry reads them)."""
         doc = {
             "format": FORMAT,
             "version": VERSION,

@@ -56,6 +56,7 @@ class TorchStoreDirectory(Directory):
 
     @property
     def port(self) -> int:
+        """The TCPStore's port (the one to give the other processes)."""
         return self.store.port
 
     def _entry_key(self, key: str) -> str:

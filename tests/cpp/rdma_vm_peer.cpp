@@ -98,6 +98,8 @@ int RunPeer(int argc, char** argv) {
   ec.host = TestHost();
   Engine engine(key, ec);
   engine.CreateBackend(BackendType::RDMA, ParseConfig(argv[4]));
+  // TCP too: what an initiator fails over to (rdma_vm_failover_test.cpp).
+  engine.CreateBackend(BackendType::TCP, {});
   auto* buf = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (buf == MAP_FAILED) return 3;
   std::memset(buf, 0, bytes);

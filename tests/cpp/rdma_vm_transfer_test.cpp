@@ -183,7 +183,7 @@ class RdmaTransferTest : public ::testing::Test {
     EXPECT_FALSE(peer_->Pop(key(), uid)) << "pop consumes";
   }
   // The RDMA peer behind a session (for its connection's accessors).
-  static rdma::RdmaPeer* RdmaPeerOf(Session& s) { return dynamic_cast<rdma::RdmaPeer*>(&s.peer()); }
+  static rdma::RdmaPeer* RdmaPeerOf(Session& s) { return dynamic_cast<rdma::RdmaPeer*>(s.peer().get()); }
 
   static PeerProcess* peer_;
   static int generation_;

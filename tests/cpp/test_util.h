@@ -3,6 +3,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -127,6 +128,30 @@ inline bool ClosedWithin(int fd, int ms) {
     if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
   }
   return false;
+}
+
+// Shuts down every connected socket of this process whose local port is
+// `port` (an engine's inbound control and data connections): the real fault
+// of a link that drops, from inside the test. The engine still owns the
+// descriptors, so nothing is closed under it. Returns how many.
+inline int ShutDownInboundSockets(int port) {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return 0;
+  std::vector<int> fds;
+  while (dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] != '.') fds.push_back(std::atoi(e->d_name));
+  }
+  ::closedir(dir);
+  for (int fd : fds) {
+    sockaddr_in self{}, peer{};
+    socklen_t len = sizeof self, plen = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0 || self.sin_family != AF_INET) continue;
+    if (ntohs(self.sin_port) != port) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) continue;  // the listener
+    if (::shutdown(fd, SHUT_RDWR) == 0) ++n;
+  }
+  return n;
 }
 
 }  // namespace testing_util

@@ -2,7 +2,9 @@
 mixed verified reads and writes (single, batched, through sessions and not),
 reporting lost, corrupt and hung transfers (all must be zero).
 
-  lost     a transfer that ended with an error (no fault is injected here)
+  lost     a transfer that ended with an error (with kill_every_s, the target's
+           connections are killed with `ss -K` meanwhile: retries must
+           hide every kill, so lost stays 0)
   corrupt  a transfer that succeeded but whose bytes are wrong
   hung     a transfer not ended within --hang-ms (or a process that never reported)
 
@@ -126,7 +128,7 @@ def _initiator(idx: int, target_desc: bytes, mem_desc: bytes, region: int, secon
 
 
 def run(initiators: int = 4, seconds: float = 10.0, region: int = 4 << 20, hang_ms: int = 30000, seed: int = 1,
-        tcp: dict = None) -> dict:
+        tcp: dict = None, kill_every_s: float = 0.0) -> dict:
     tcp = dict(tcp or {})
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -142,7 +144,11 @@ def run(initiators: int = 4, seconds: float = 10.0, region: int = 4 << 20, hang_
     for p in procs:
         p.start()
     total = {"initiators": initiators, "seconds": seconds, "ops": 0, "bytes": 0, "lost": 0, "corrupt": 0,
-             "hung": 0, "errors": []}
+             "hung": 0, "errors": [], "kills": 0}
+    killer = None
+    if kill_every_s > 0:
+        import socket_kill
+        killer = socket_kill.Killer(EngineDesc.unpack(target_desc).port, kill_every_s, seed).__enter__()
     reported = 0
     wait_until = time.monotonic() + seconds + hang_ms / 1000 * 4 + 60
     while reported < initiators and time.monotonic() < wait_until:
@@ -154,6 +160,9 @@ def run(initiators: int = 4, seconds: float = 10.0, region: int = 4 << 20, hang_
         for k in ("ops", "bytes", "lost", "corrupt", "hung"):
             total[k] += c[k]
         total["errors"] += c["errors"]
+    if killer:
+        killer.__exit__(None, None, None)
+        total["kills"] = killer.kills
     total["hung"] += initiators - reported  # a process that never reported hung
     for p in procs:
         p.join(timeout=10)
@@ -175,9 +184,11 @@ def main(argv=None) -> int:
     ap.add_argument("--hang-ms", type=int, default=30000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--num-data-conns", type=int, default=8)
+    ap.add_argument("--kill-every-s", type=float, default=0.0,
+                    help="kill the target's TCP connections (ss -K, needs root) this often")
     args = ap.parse_args(argv)
     r = run(args.initiators, args.seconds, args.region_bytes, args.hang_ms, args.seed,
-            {"num_data_conns": args.num_data_conns})
+            {"num_data_conns": args.num_data_conns}, args.kill_every_s)
     print(json.dumps(r))
     return 0 if r["ops"] > 0 and r["lost"] == r["corrupt"] == r["hung"] == 0 else 1
 

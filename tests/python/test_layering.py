@@ -1,4 +1,4 @@
-"""Include arrows point down the layers of DESIGN.md §2: base/ (error type,
+"""Include arrows point down the layers of docs/ARCHITECTURE.md ("Layering"): base/ (error type,
 configuration table) at the bottom, the GPU shim above it, then the core.
 A header of a higher layer included from a lower one fails here."""
 import pathlib

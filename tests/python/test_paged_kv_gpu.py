@@ -10,7 +10,7 @@ from conftest import make_engine, unique_key
 from kv_layouts import block_bytes, classic_caches, randomize, vllm_caches
 from mori_torch import ops
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
-from mori_torch.paged_kv import KVLayout, PageTables, StaticPageTables, pull_layer
+from mori_torch.paged_kv import KVLayout, PageTables, PullsAhead, StaticPageTables, pull_layer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
@@ -47,6 +47,7 @@ class KVLink:
         self.sess = self.a.create_session(ld, rd)
         assert self.sess.backend_type == (BackendType.XGMI if backend == "xgmi" else BackendType.TCP)
         self.h = ops.session_handle(self.sess)
+        self.ahead = PullsAhead("cuda:0")
         self.ll = KVLayout.from_caches(self.local, self.lbuf)
         self.rl = KVLayout.from_caches(self.remote, self.rbuf)
 
@@ -93,7 +94,28 @@ def layer_compute(cache, lids_dev, w):
     return (x.nan_to_num(0.0, 0.0, 0.0).clamp(-1e3, 1e3) @ w).sum()
 
 
-def test_eager_per_layer_pulls_before_each_layers_compute(link):
+def layer_steps(k, mode, tables, compute):
+    """One forward pass over the layers: each layer's pull, then its compute.
+    inline: the pull is enqueued on the stream just before the layer;
+    ahead: all pulls go first on a side stream (PullsAhead) and each layer
+    waits for its own pages only."""
+    names = list(k.local)
+    if mode == "ahead":
+        k.ahead.start([(k.h, k.lbuf, tables)], names)
+    outs = []
+    for name, cache in k.local.items():
+        if mode == "ahead":
+            assert k.ahead.wait(name)
+        else:
+            pull_layer(k.h, k.lbuf, tables[name])
+        outs.append(compute(name, cache))
+    if mode == "ahead":
+        k.ahead.finish()
+    return outs
+
+
+@pytest.mark.parametrize("mode", ["inline", "ahead"])
+def test_eager_per_layer_pulls_before_each_layers_compute(link, mode):
     k = link
     w = torch.randn(C2, 8, device="cuda")
     lids, rids = tables_for(0)
@@ -101,10 +123,7 @@ def test_eager_per_layer_pulls_before_each_layers_compute(link):
     tables = PageTables(k.ll, k.rl, lids, rids, "cuda")
     assert all(tables[n].local.is_cuda for n in k.local)
     lids_dev = torch.tensor(lids, device="cuda")
-    outs = []
-    for name, cache in k.local.items():
-        pull_layer(k.h, k.lbuf, tables[name])
-        outs.append(layer_compute(cache, lids_dev, w))
+    outs = layer_steps(k, mode, tables, lambda name, cache: layer_compute(cache, lids_dev, w))
     torch.cuda.synchronize()
     ops.check_errors(k.h)
     k.check(lids, rids, "eager")
@@ -112,7 +131,8 @@ def test_eager_per_layer_pulls_before_each_layers_compute(link):
         assert torch.allclose(got, layer_compute(cache, lids_dev, w)), name  # computed on the pulled bytes
 
 
-def test_captured_graph_replays_100_steps_with_new_page_tables(link):
+@pytest.mark.parametrize("mode", ["inline", "ahead"])
+def test_captured_graph_replays_100_steps_with_new_page_tables(link, mode):
     k = link
     w = torch.randn(C2, 8, device="cuda")
     st = StaticPageTables(k.ll, k.rl, capacity=8, device="cuda")
@@ -122,11 +142,7 @@ def test_captured_graph_replays_100_steps_with_new_page_tables(link):
     lids_dev.copy_(torch.tensor(lids))
 
     def step():
-        outs = []
-        for name, cache in k.local.items():
-            pull_layer(k.h, k.lbuf, st[name])
-            outs.append(layer_compute(cache, lids_dev, w))
-        return torch.stack(outs)
+        return torch.stack(layer_steps(k, mode, st, lambda name, cache: layer_compute(cache, lids_dev, w)))
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -68,7 +68,8 @@ class RdmaPeer : public BackendPeer {
   // One connection: socket, QPs, remote keys, liveness watcher.
   struct Conn {
     ~Conn();
-    void Break(const std::string& reason);
+    // `path_failed`: the path broke (false: closed on purpose, see SendQp::Break).
+    void Break(const std::string& reason, bool path_failed = true);
     std::shared_ptr<RdmaShared> shared;
     Socket sock;
     std::mutex sock_mu;

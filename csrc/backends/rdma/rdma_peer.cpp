@@ -61,7 +61,7 @@ void RdmaPeer::Close(const std::string& reason) {
     close_reason_ = reason;
     c.swap(conn_);
   }
-  if (c) c->Break(reason);
+  if (c) c->Break(reason, /*path_failed=*/false);  // on purpose: nothing to retry
   // The QPs flush and fail what is in flight once the last submit using the
   // connection lets go of it (here, unless one is running).
 }
@@ -78,9 +78,9 @@ RdmaPeer::Conn::~Conn() {
   qps.clear();  // flush, drain, fail leftovers, destroy
 }
 
-void RdmaPeer::Conn::Break(const std::string& reason) {
+void RdmaPeer::Conn::Break(const std::string& reason, bool path_failed) {
   if (broken.exchange(true)) return;
-  for (auto& q : qps) q->Break(reason);
+  for (auto& q : qps) q->Break(reason, path_failed);
   sock.Shutdown();
 }
 
@@ -219,7 +219,9 @@ void RdmaPeer::Submit(TransferOp op) {
     std::shared_ptr<Conn> c = Connection();
     Post(*c, op);
   } catch (const Error& e) {
-    op.status->Update(e.code(), e.what());
+    // ERR_RDMA_OP: the path could not be set up (QP, memory registration):
+    // another backend may serve the transfer. Others are the request's.
+    op.status->Update(e.code(), e.what(), e.code() == StatusCode::ERR_RDMA_OP);
   }
 }
 
@@ -339,7 +341,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     p.qp->Unreserve(slots);
     delete chain;
     if (failure.empty()) failure = why;
-    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why);
+    xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, why, p.qp->path_broken());
     return false;
   };
 
@@ -362,7 +364,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
         post_chain(p, n, false, static_cast<uint32_t>(n));
       } else {
         p.next += n;
-        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
+        xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->path_broken());
       }
       more = more || p.next < stop;
     }
@@ -396,7 +398,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
     if (!failure.empty()) {
       if (k < reserved) p.qp->Unreserve(slots);
       p.next += p.tail;
-      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure);
+      xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, failure, p.qp->path_broken());
       continue;
     }
     if (post_chain(p, p.tail, true, slots)) {

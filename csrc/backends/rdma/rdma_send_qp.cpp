@@ -1,5 +1,6 @@
 #include "backends/rdma/rdma_send_qp.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -8,6 +9,8 @@
 namespace mori_torch {
 namespace rdma {
 namespace {
+
+std::atomic<int> g_fail_next_posts{0};  // FailNextPostedQpsForTest
 
 std::string CompletionError(const VerbsApi* api, const ibv_wc& wc, const char* verb, const std::string& peer) {
   std::string m = std::string(verb) + " to engine '" + peer + "' failed: " + api->wc_status_str(wc.status) +
@@ -39,6 +42,8 @@ SendQp::~SendQp() {
   Close();
   if (notice_mr_) dev_->api->dereg_mr(notice_mr_);
 }
+
+void FailNextPostedQpsForTest(int n) { g_fail_next_posts.store(n); }
 
 bool SendQp::Reserve(uint32_t n, Deadline deadline, std::string* why) {
   std::unique_lock<std::mutex> lk(mu_);
@@ -94,6 +99,7 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   }
   outstanding_.push_back(chain);
   ibv_send_wr* bad = nullptr;
+  if (g_fail_next_posts.load(std::memory_order_relaxed) > 0 && g_fail_next_posts.fetch_sub(1) > 0) RdmaQp::Fail();
   int rc = ibv_post_send(qp_, first, &bad);
   if (rc == 0) return true;
   if (bad == first) {
@@ -103,6 +109,7 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   }
   // Part of the chain is on the wire without its signaled end: flush it all.
   chain->code = StatusCode::ERR_RDMA_OP;
+  chain->path_failed = true;
   chain->msg = std::string("ibv_post_send to engine '") + peer_key_ + "' failed midway: " + std::strerror(rc);
   broken_ = true;
   broken_reason_ = chain->msg;
@@ -111,11 +118,17 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   return true;
 }
 
-void SendQp::Break(const std::string& reason) {
+bool SendQp::path_broken() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return broken_ && broken_path_;
+}
+
+void SendQp::Break(const std::string& reason, bool path_failed) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_) {
       broken_ = true;
+      broken_path_ = path_failed;
       broken_reason_ = reason;
     }
     room_.notify_all();
@@ -127,11 +140,16 @@ void SendQp::OnCompletion(const ibv_wc& wc) {
   auto* c = reinterpret_cast<Chain*>(wc.wr_id & ~uint64_t{1});
   if (wc.status != IBV_WC_SUCCESS && c->code == StatusCode::SUCCESS) {
     c->code = StatusCode::ERR_RDMA_OP;
+    // Errors of the request itself (keys, bounds, protection) are final;
+    // the rest (flushed by a QP in error, retries exhausted) are the path's.
+    c->path_failed = wc.status != IBV_WC_REM_ACCESS_ERR && wc.status != IBV_WC_REM_INV_REQ_ERR &&
+                     wc.status != IBV_WC_LOC_PROT_ERR && wc.status != IBV_WC_LOC_LEN_ERR;
     bool first_failure = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (broken_ && wc.status == IBV_WC_WR_FLUSH_ERR) {
         c->msg = std::string(c->xfer->verb) + " to engine '" + peer_key_ + "' aborted: " + broken_reason_;
+        c->path_failed = broken_path_;
       } else {
         c->msg = CompletionError(dev_->api, wc, c->xfer->verb, peer_key_);
         first_failure = !broken_;
@@ -158,7 +176,7 @@ void SendQp::Finish(Chain* c) {
     used_ -= c->slots;
     room_.notify_all();
   }
-  c->xfer->tracker->PartDone(c->code, c->msg);
+  c->xfer->tracker->PartDone(c->code, c->msg, c->path_failed);
   delete c;
 }
 
@@ -169,16 +187,20 @@ bool SendQp::Idle() {
 
 void SendQp::OnClosed() {
   std::deque<Chain*> left;
+  bool path;
   {
     std::lock_guard<std::mutex> lk(mu_);
     left.swap(outstanding_);
+    if (!broken_) broken_path_ = true;  // closed under us: the path's failure
+    path = broken_path_;
     broken_ = true;
     if (broken_reason_.empty()) broken_reason_ = "connection to engine '" + peer_key_ + "' closed";
     room_.notify_all();
   }
   for (Chain* c : left) {
     c->xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, std::string(c->xfer->verb) + " to engine '" + peer_key_ +
-                                                            "' did not complete: " + broken_reason_);
+                                                            "' did not complete: " + broken_reason_,
+                                path);
     delete c;
   }
 }

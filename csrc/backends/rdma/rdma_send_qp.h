@@ -32,6 +32,7 @@ struct Chain {
   uint32_t slots = 0;
   StatusCode code = StatusCode::SUCCESS;
   std::string msg;
+  bool path_failed = false;  // the QP failed (not the request): retry elsewhere
 };
 
 // The notice a target receives: one part of (initiator, uid) is in place.
@@ -42,6 +43,12 @@ struct NoticeWire {
 };
 constexpr uint32_t kNoticeMagic = 0x4e54434d;  // "MCTN"
 
+// Test hook: the next `n` chains posted in this process find their QP moved
+// to the error state (ibv_modify_qp to IBV_QPS_ERR) just before they are
+// posted, as after a NIC or link failure: their work requests complete with
+// flush errors.
+void FailNextPostedQpsForTest(int n);
+
 class SendQp : public RdmaQp {
  public:
   SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth,
@@ -51,6 +58,10 @@ class SendQp : public RdmaQp {
   uint32_t depth() const { return depth_; }
   // Waits until `n` slots are free (or the deadline passes, or the QP fails).
   bool Reserve(uint32_t n, Deadline deadline, std::string* why);
+  // True once the QP failed on its own (in error, peer gone): its failures
+  // are path failures. A QP broken on purpose (peer removed, backend
+  // removed, engine shut down) is not.
+  bool path_broken() const;
   void Unreserve(uint32_t n);
   // Fills the next notice buffer and returns its scatter entry.
   ibv_sge Notice(uint64_t uid, uint32_t parts_total);
@@ -60,7 +71,8 @@ class SendQp : public RdmaQp {
   // the flush.
   bool Post(ibv_send_wr* first, Chain* chain, std::string* why);
   // Fails the QP with `reason`; reported for every flushed chain.
-  void Break(const std::string& reason);
+  // `path_failed`: the path broke (false: closed on purpose).
+  void Break(const std::string& reason, bool path_failed = true);
   // Called (on the completion thread) when a work request fails for a reason
   // other than a flush: the QP is then in the error state and unusable.
   void SetOnError(std::function<void(const std::string&)> f) { on_error_ = std::move(f); }
@@ -76,11 +88,12 @@ class SendQp : public RdmaQp {
 
   const uint32_t depth_;
   const std::string peer_key_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable room_;
   uint32_t used_ = 0;
   bool broken_ = false;
   std::string broken_reason_;
+  bool broken_path_ = true;  // broken_ by a failure of the path (Break's path_failed)
   std::deque<Chain*> outstanding_;  // in posting order; completions come in order
   std::vector<NoticeWire> notices_;
   ibv_mr* notice_mr_ = nullptr;

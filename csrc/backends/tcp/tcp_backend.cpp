@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "backends/tcp/tcp_staged_io.h"
@@ -172,7 +173,9 @@ bool TcpBackend::ServeRequest(Inbound& in) {
   if (op == Op::Notice) {
     // From the peer this connection authenticated, about its own uid; a
     // notice meant for an earlier process of this engine is dropped.
-    if (h.incarnation == ctx_.self->incarnation) ctx_.notices->Arrive(peer.key, h.uid, h.parts_total);
+    if (h.incarnation == ctx_.self->incarnation) {
+      ctx_.notices->Arrive(peer.key, h.uid, h.parts_total, static_cast<uint32_t>(h.part_index), h.attempt);
+    }
     return true;
   }
 
@@ -214,6 +217,16 @@ bool TcpBackend::ServeRequest(Inbound& in) {
                                  /*local_side=*/false, /*fenced=*/true};
   std::vector<iovec> iov;
   if (op == Op::Write) {
+    // A retry lands only after every earlier attempt of it stopped writing.
+    std::optional<AttemptFenceScope> fenced;
+    if (code == StatusCode::SUCCESS) {
+      fenced.emplace(&attempts_, peer.key, h.uid, h.attempt, deadline.at);
+      if (!fenced->entered()) {
+        code = StatusCode::ERR_BAD_STATE;
+        msg = "rejected by target: an earlier attempt of transfer " + std::to_string(h.uid) +
+              " is still writing (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) + ")";
+      }
+    }
     if (code == StatusCode::SUCCESS && gpu_mem) {
       std::string gpu_error;
       r = RecvStaged(fd, **staging, device_bytes, deadline, &gpu_error);
@@ -257,7 +270,7 @@ bool TcpBackend::ServeRequest(Inbound& in) {
   use.reset();
   if (!r.ok) return false;
   if (op == Op::Write && code == StatusCode::SUCCESS && (h.flags & kFlagNotify)) {
-    ctx_.notices->Arrive(peer.key, h.uid, h.parts_total);
+    ctx_.notices->Arrive(peer.key, h.uid, h.parts_total, static_cast<uint32_t>(h.part_index), h.attempt);
   }
   return true;
 }

@@ -16,6 +16,7 @@
 
 #include "backends/tcp/tcp_config.h"
 #include "backends/tcp/tcp_data_conn.h"
+#include "core/attempt_fence.h"
 #include "core/backend.h"
 #include "core/peer_cache.h"
 
@@ -60,6 +61,7 @@ class TcpBackend : public Backend {
   bool AcceptsDataConnections() const override { return true; }
   bool AdoptData(const EngineDesc& peer, InboundConnection& conn) override;
   void Shutdown() override;
+  int64_t OpTimeoutMs() const override { return cfg_.op_timeout_ms; }
 
  private:
   // The target side of one inbound data connection. The event loop watches
@@ -89,6 +91,8 @@ class TcpBackend : public Backend {
   std::unique_ptr<WorkerPool> serve_pool_;
   std::mutex inbound_mu_;
   std::unordered_map<int, InboundPtr> inbound_;
+  // Retried writes wait here for earlier attempts (attempt_fence.h).
+  AttemptFence attempts_;
 };
 
 }  // namespace tcp

@@ -11,6 +11,7 @@
 #include <cerrno>
 
 #include "backends/tcp/tcp_staged_io.h"
+#include "core/retry_driver.h"
 #include "core/logging.h"
 
 namespace mori_torch {
@@ -73,7 +74,7 @@ bool DataConn::Usable() {
     pollfd p{sock_.fd(), POLLIN, 0};
     if (::poll(&p, 1, 0) == 0) return true;
   }
-  Break("connection closed by the peer while idle");
+  Break("connection closed by the peer while idle", StatusCode::ERR_BAD_STATE, /*path_failed=*/true);
   return false;
 }
 
@@ -99,29 +100,46 @@ void DataConn::Enqueue(PartPtr p) {
     Break("the TCP backend's workers have stopped");
     return;
   }
-  Complete(*p, StatusCode::ERR_BAD_STATE, "TCP connection to engine '" + peer_key_ + "' is broken: " + broken_reason_);
+  bool path;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    path = broken_path_;
+    why = broken_reason_;
+  }
+  Complete(*p, StatusCode::ERR_BAD_STATE, "TCP connection to engine '" + peer_key_ + "' is broken: " + why, path);
 }
 
-void DataConn::Complete(Part& p, StatusCode code, const std::string& msg) {
+void DataConn::Complete(Part& p, StatusCode code, const std::string& msg, bool path_failed) {
   // p.use belongs to the send job, which releases it itself.
-  if (p.tracker) p.tracker->PartDone(code, msg);
+  if (p.tracker) p.tracker->PartDone(code, msg, path_failed);
+}
+
+void DataConn::BreakOnIo(const IoResult& r, const std::string& timeout_what) {
+  if (r.timed_out) {
+    Break(timeout_what + ": " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
+          ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")");
+  } else {
+    Break(r.error, StatusCode::ERR_BAD_STATE, /*path_failed=*/true);
+  }
 }
 
 bool DataConn::Unbusy(Part& p) {
   return --p.busy == 0 && p.has_result;
 }
 
-bool DataConn::DeferIfBusy(Part& p, StatusCode code, const std::string& msg) {
+bool DataConn::DeferIfBusy(Part& p, StatusCode code, const std::string& msg, bool path_failed) {
   if (p.busy == 0) return false;
   if (!p.has_result) {
     p.has_result = true;
     p.result_code = code;
     p.result_msg = msg;
+    p.result_path_failed = path_failed;
   }
   return true;
 }
 
-void DataConn::Break(const std::string& reason, StatusCode code) {
+void DataConn::Break(const std::string& reason, StatusCode code, bool path_failed) {
   const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
   std::deque<PartPtr> failed;
   bool watched = false;
@@ -130,9 +148,10 @@ void DataConn::Break(const std::string& reason, StatusCode code) {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_) return;
     broken_ = true;
+    broken_path_ = path_failed;
     broken_reason_ = reason;
     for (auto& p : inflight_) {
-      if (DeferIfBusy(*p, code, msg)) {
+      if (DeferIfBusy(*p, code, msg, path_failed)) {
         ++deferred;
       } else {
         failed.push_back(std::move(p));
@@ -163,7 +182,7 @@ void DataConn::Break(const std::string& reason, StatusCode code) {
     MORI_LOG(Warning, "TCP connection to engine '" << peer_key_ << "' broke (" << reason << "); failing "
                                                    << failed.size() + deferred << " request(s)");
   }
-  for (auto& p : failed) Complete(*p, code, msg);
+  for (auto& p : failed) Complete(*p, code, msg, path_failed);
 }
 
 bool DataConn::Prepare(Part& p) {
@@ -188,6 +207,8 @@ bool DataConn::Prepare(Part& p) {
   p.hdr.magic = kRequestMagic;
   p.hdr.op = static_cast<uint8_t>(p.op);
   p.hdr.flags = p.notify ? kFlagNotify : 0;
+  p.hdr.attempt = p.attempt;
+  p.hdr.part_index = p.part_index;
   p.hdr.req_id = next_req_id_++;
   p.hdr.uid = p.uid;
   p.hdr.mem_id = p.mem_id;
@@ -210,7 +231,7 @@ bool DataConn::Connect() {
   try {
     s = connect_();
   } catch (const Error& e) {
-    Break(e.what(), e.code());  // ERR_NOT_FOUND "engine restarted" stays that
+    Break(e.what(), e.code(), IsPathError(e));  // ERR_NOT_FOUND "engine restarted" stays that
     return false;
   }
   std::lock_guard<std::mutex> lk(mu_);
@@ -274,11 +295,9 @@ void DataConn::SendJob() {
         if (p->op == Op::Write && Unbusy(*p)) ended.push_back(p);
       }
     }
-    for (auto& p : ended) Complete(*p, p->result_code, p->result_msg);
+    for (auto& p : ended) Complete(*p, p->result_code, p->result_msg, p->result_path_failed);
     if (!r.ok) {
-      Break(r.timed_out ? "send timed out: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
-                              ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
-                        : r.error);
+      BreakOnIo(r, "send timed out");
       std::lock_guard<std::mutex> lk(mu_);
       send_scheduled_ = false;
       return;
@@ -353,8 +372,15 @@ void DataConn::RecvJob() {
       // connection or broke the protocol.
       char c;
       ssize_t n = ::recv(sock_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // a spurious report
-      Break(n == 0 ? "connection closed by the peer while idle" : "protocol error: bytes with no request outstanding");
+      const int err = errno;
+      if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) break;  // a spurious report
+      if (n > 0) {
+        Break("protocol error: bytes with no request outstanding");
+      } else {  // closed or reset: the path's failure
+        Break(n == 0 ? std::string("connection closed by the peer while idle")
+                     : "connection failed while idle: " + std::string(std::strerror(err)),
+              StatusCode::ERR_BAD_STATE, /*path_failed=*/true);
+      }
       return;
     }
     if (!ReceiveOne()) return;
@@ -384,7 +410,7 @@ bool DataConn::ReceiveOne() {
         std::lock_guard<std::mutex> lk(c->mu_);
         deliver = Unbusy(*p);
       }
-      if (deliver) c->Complete(*p, p->result_code, p->result_msg);
+      if (deliver) c->Complete(*p, p->result_code, p->result_msg, p->result_path_failed);
     }
   } unbusier{this, head.get()};
   const IoDeadline bound = Bound(*head);
@@ -393,9 +419,7 @@ bool DataConn::ReceiveOne() {
   alignas(8) char first[kWireAlign];
   IoResult r = ReadFull(sock_.fd(), first, sizeof(first), bound);
   if (!r.ok) {
-    Break(r.timed_out ? "no response: " + r.error + " (op_timeout_ms=" + std::to_string(cfg_.op_timeout_ms) +
-                            ", inactivity_timeout_ms=" + std::to_string(cfg_.inactivity_timeout_ms) + ")"
-                      : r.error);
+    BreakOnIo(r, "no response");
     return false;
   }
   ResponseHeader rh;
@@ -442,7 +466,7 @@ bool DataConn::ReceiveOne() {
     return false;
   }
   if (!r.ok) {
-    Break(r.timed_out ? "read payload timed out: " + r.error : r.error);
+    BreakOnIo(r, "read payload timed out");
     return false;
   }
   if (code != StatusCode::SUCCESS && !IsError(code)) code = StatusCode::ERR_BAD_STATE;
@@ -464,6 +488,8 @@ bool DataConn::ReceiveOne() {
     n->op = Op::Notice;
     n->uid = head->uid;
     n->parts_total = head->parts_total;
+    n->part_index = head->part_index;
+    n->attempt = head->attempt;
     n->incarnation = head->incarnation;
     n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
     Enqueue(std::move(n));

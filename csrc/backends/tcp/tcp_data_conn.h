@@ -43,6 +43,8 @@ struct Part {
   uint64_t total = 0;
   TransferUid uid = 0;
   uint32_t parts_total = 1;
+  uint32_t part_index = 0;
+  uint16_t attempt = 0;  // TransferOp::attempt
   std::shared_ptr<TransferTracker> tracker;  // null for notices
   Deadline deadline;
 
@@ -59,6 +61,7 @@ struct Part {
   bool has_result = false;
   StatusCode result_code = StatusCode::SUCCESS;
   std::string result_msg;
+  bool result_path_failed = false;
 };
 using PartPtr = std::shared_ptr<Part>;
 
@@ -89,8 +92,10 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // is readable was closed by the peer (it restarted, say): it is broken
   // here, so the caller reopens it instead of failing the next request.
   bool Usable();
-  // Ends every queued and in-flight request with `code` and `reason`. Idempotent.
-  void Break(const std::string& reason, StatusCode code = StatusCode::ERR_BAD_STATE);
+  // Ends every queued and in-flight request with `code` and `reason`;
+  // `path_failed` when the connection itself failed (reset, closed by the
+  // peer), so that the transfers may be retried on a fresh one. Idempotent.
+  void Break(const std::string& reason, StatusCode code = StatusCode::ERR_BAD_STATE, bool path_failed = false);
 
  private:
   // Send job: connects if needed, then sends until the queue is empty.
@@ -110,9 +115,12 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   IoResult SendBatch(const std::vector<PartPtr>& batch);
   // Runs connect_; false (connection broken) if it failed.
   bool Connect();
-  void Complete(Part& p, StatusCode code, const std::string& msg);
+  void Complete(Part& p, StatusCode code, const std::string& msg, bool path_failed = false);
   // mu_ held: true (result kept for the job using it) if p is busy.
-  static bool DeferIfBusy(Part& p, StatusCode code, const std::string& msg);
+  static bool DeferIfBusy(Part& p, StatusCode code, const std::string& msg, bool path_failed = false);
+  // Breaks on a failed I/O result: a timeout is final, any other error
+  // (reset, closed) is the path's.
+  void BreakOnIo(const IoResult& r, const std::string& timeout_what);
   // mu_ held: a job is done with p's bytes; true if it must now deliver the
   // result kept meanwhile.
   static bool Unbusy(Part& p);
@@ -132,6 +140,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   std::atomic<int64_t> progress_ms_{0};
   int last_unsent_ = 0;  // SIOCOUTQ at the last idle report (loop thread only)
   bool broken_ = false;
+  bool broken_path_ = false;  // broken by a path failure (Break's path_failed)
   std::string broken_reason_;
   uint64_t next_req_id_ = 1;
   bool send_scheduled_ = false;  // a send job is queued or running

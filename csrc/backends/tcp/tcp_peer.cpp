@@ -84,6 +84,8 @@ void TcpPeer::Submit(TransferOp op) {
     p->total = TotalBytes(p->segs);
     p->uid = op.uid;
     p->parts_total = static_cast<uint32_t>(stripes.size());
+    p->part_index = static_cast<uint32_t>(i);
+    p->attempt = op.attempt;
     p->tracker = tracker;
     p->deadline = deadline;
     conn->Enqueue(std::move(p));

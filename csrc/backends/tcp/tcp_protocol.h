@@ -38,7 +38,7 @@ struct RequestHeader {
   uint32_t magic;
   uint8_t op;
   uint8_t flags;
-  uint16_t reserved;
+  uint16_t attempt;  // 0 first; > 0 a retry of the transfer (core/retry_driver.h)
   uint64_t req_id;
   uint64_t uid;
   uint64_t mem_id;       // target memory id
@@ -47,7 +47,7 @@ struct RequestHeader {
   uint32_t parts_total;   // requests that make up transfer `uid`
   uint64_t incarnation;   // of the target engine, from the memory's descriptor
   uint8_t token[16];      // the target memory's token (MemoryDesc::token)
-  uint64_t reserved2;
+  uint64_t part_index;    // which of the parts_total requests: notices count each once
 };
 static_assert(sizeof(RequestHeader) == 80, "RequestHeader layout");
 

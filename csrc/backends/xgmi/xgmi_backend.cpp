@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -530,6 +531,22 @@ size_t XgmiPeer::MappedCount() {
   return mapped_.size();
 }
 
+namespace {
+
+// Test hook: MORI_TORCH_FAIL_IPC_OPENS=N makes the next N mappings of a
+// peer's memory fail as an IPC open that the driver refused would (in the
+// same process too, where nothing is opened), so tests can make XGMI fail
+// over without breaking a GPU.
+void MaybeInjectIpcOpenFailure() {
+  static std::atomic<int64_t> left{config::EnvInt("MORI_TORCH_FAIL_IPC_OPENS")};
+  if (left.load(std::memory_order_relaxed) <= 0) return;
+  if (left.fetch_sub(1) > 0) {
+    throw Error(StatusCode::ERR_GPU_OP, "IPC open failed (injected by MORI_TORCH_FAIL_IPC_OPENS)");
+  }
+}
+
+}  // namespace
+
 uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream) {
   auto revoked = [&] {
     return Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
@@ -561,6 +578,7 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
     m.device = local_device;
     m.size = d.size;
     m.remote_data = d.data;
+    MaybeInjectIpcOpenFailure();
     if (same_process_) {
       m.addr = d.data;
     } else {
@@ -584,8 +602,11 @@ void XgmiPeer::Submit(TransferOp op) {
     base = RemoteBase(op.remote, op.local->desc.device_id, false);
   } catch (const Error& e) {
     const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
-    op.status->Update(gone ? e.code() : StatusCode::ERR_GPU_OP, "mapping memory " + std::to_string(op.remote.id) +
-                                                                    " of engine '" + remote_.key + "': " + e.what());
+    // Memory that is gone fails the transfer; a mapping that could not be
+    // made (IPC open refused) fails the path: another backend may serve it.
+    op.status->Update(gone ? e.code() : StatusCode::ERR_GPU_OP,
+                      "mapping memory " + std::to_string(op.remote.id) + " of engine '" + remote_.key + "': " + e.what(),
+                      /*path_failed=*/!gone);
     return;
   }
   backend_->Run(std::move(op), base);

@@ -1,4 +1,5 @@
-// XGMI's entry point for stream-ordered ops (DESIGN §5): the transfer runs
+// XGMI's entry point for stream-ordered ops (docs/ARCHITECTURE.md,
+// "Stream-ordered ops"): the transfer runs
 // as one copy kernel on the caller's stream, so it orders with the work
 // around it and records into CUDA graphs. The kernel reads the segment list
 // at run time and checks every segment against both registrations.

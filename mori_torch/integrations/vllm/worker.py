@@ -7,11 +7,13 @@ has read them (or the lease ends).
 
 Decode (consumer): ``start_load_kv`` turns the step's pulls into per-layer
 page tables (int64 tensors on the cache's device, built once per step);
-``wait_for_layer_load(layer)``, called by vLLM just before that layer's
-attention, enqueues ``torch.ops.mori.read_pages`` for the layer on the
-current stream. On GPU caches the read is thus ordered before the layer's
-attention and overlaps the earlier layers' compute; on CPU caches it runs
-at once. At the end of the step the connector learns which pulls failed
+``wait_for_layer_load(layer)`` is called by vLLM just before that layer's
+attention. On GPU caches, its first call in a step enqueues every layer's
+``torch.ops.mori.read_pages`` on a side stream forked from the forward
+stream (``paged_kv.PullsAhead``, capturable), and each call makes the
+forward stream wait for that layer's pages only: later layers' pulls
+overlap earlier layers' compute. On CPU caches each layer's read runs at
+once. At the end of the step the connector learns which pulls failed
 (``check_errors`` after the step's work completed), reports their blocks
 through vLLM's load-error path and tells each prefill which requests it
 has read.
@@ -29,7 +31,7 @@ import torch
 
 from ... import ops
 from ...io import BackendType, IOEngine, IOEngineConfig, IOEngineSession, MemoryDesc
-from ...paged_kv import KVLayout, PageTables, pull_layer
+from ...paged_kv import KVLayout, PageTables, PullsAhead, pull_layer
 from ...rendezvous import Directory, Peer, RendezvousError, TorchStoreDirectory
 from .metadata import MoriTorchConnectorMetadata, PullSpec
 from .settings import Settings, engine_key
@@ -99,6 +101,7 @@ class _Step:
     started: Optional[float] = None
     start_event: Optional[object] = None
     end_event: Optional[object] = None  # recorded after the step's last pull (GPU)
+    ahead: bool = False  # GPU: every layer's pull was enqueued on the side stream
 
 
 class ConnectorWorker:
@@ -113,6 +116,7 @@ class ConnectorWorker:
         self.memory: Optional[torch.Tensor] = None
         self.mem_desc: Optional[MemoryDesc] = None
         self.layout: Optional[KVLayout] = None
+        self._ahead: Optional[PullsAhead] = None
         self._remotes: Dict[str, _RemoteEngine] = {}
         self._client: Optional[SideChannelClient] = None
         self._server: Optional[SideChannelServer] = None
@@ -143,6 +147,8 @@ class ConnectorWorker:
             engine.shutdown()
             raise
         self.engine, self.memory, self.layout = engine, memory, layout
+        # GPU caches: the side stream the step's pulls go ahead on.
+        self._ahead = PullsAhead(memory.device) if memory.is_cuda else None
         if self.is_consumer:
             self._client = SideChannelClient()
         log.info("MoriTorchConnector %s: %d layers, %d bytes of KV cache on %s registered", self.key,
@@ -227,6 +233,9 @@ class ConnectorWorker:
         step = self._step
         if step is None:
             return
+        if self.memory.is_cuda:
+            self._wait_for_layer_pulled_ahead(step, layer_name)
+            return
         for pull in step.pulls:
             if pull.error is not None or layer_name not in pull.pending:
                 continue
@@ -249,6 +258,32 @@ class ConnectorWorker:
             step.end_event = torch.cuda.Event(enable_timing=True)
             step.end_event.record()
 
+    def _wait_for_layer_pulled_ahead(self, step: "_Step", layer_name: str) -> None:
+        """GPU caches: the step's first call enqueues every layer's pull on
+        the side stream (this layer first, then the layout's order); each
+        call makes the forward stream wait for its layer's pages only."""
+        live = [p for p in step.pulls if p.error is None]
+        if not step.ahead:
+            step.ahead = True
+            t0 = time.perf_counter()
+            step.started = t0
+            step.start_event = torch.cuda.Event(enable_timing=True)
+            step.start_event.record()
+            order = [layer_name] + [n for n in self.layout.layers if n != layer_name]
+            try:
+                self._ahead.start([(p.remote.handle, self.memory, p.tables) for p in live], order)
+            except (RuntimeError, ValueError) as e:
+                for p in live:
+                    p.error = f"enqueueing the step's pulls: {e}"
+            self.stats.add("enqueue_s", time.perf_counter() - t0)
+        for p in live:
+            p.pending.discard(layer_name)
+        self._ahead.wait(layer_name)
+        if step.end_event is None and all(p.error is not None or not p.pending for p in step.pulls):
+            self._ahead.finish()
+            step.end_event = torch.cuda.Event(enable_timing=True)
+            step.end_event.record()
+
     def _finish_step(self) -> None:
         """Ends this step's pulls: waits for the step's stream work (GPU),
         collects errors, reports failed blocks and tells the prefills."""
@@ -258,7 +293,8 @@ class ConnectorWorker:
         step_s = None
         if step.start_event is not None:
             end = step.end_event
-            if end is None:  # some layers were never pulled: wait for all work so far
+            if end is None:  # some layers were never waited for: join the side stream
+                self._ahead.finish()
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
             end.synchronize()
@@ -266,7 +302,7 @@ class ConnectorWorker:
         elif step.started is not None:
             step_s = time.perf_counter() - step.started
         for pull in step.pulls:
-            if pull.error is None and pull.pending:
+            if pull.error is None and pull.pending and not step.ahead:
                 # The forward never reached these layers' attention: their
                 # blocks were used (or will be) without the pulled KV.
                 pull.error = f"layers {sorted(pull.pending)[:3]}... were not pulled during the forward pass"
