@@ -21,6 +21,7 @@ if _C.TORCH_VERSION != torch.__version__:
 
 from . import io  # noqa: E402,F401  (the mori.io-compatible API)
 from . import ops  # noqa: E402,F401  (fake implementations of torch.ops.mori.*)
+from . import log  # noqa: E402,F401  (native log levels, routing into Python's logging)
 
 
 def pinned_host_bytes() -> int:

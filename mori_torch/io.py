@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import json
 import operator
 from typing import Dict, List, Optional, Sequence
 
@@ -105,6 +106,16 @@ class IOEngineConfig:
     failover: bool = dataclasses.field(default=True, kw_only=True)
     retry_attempts: int = dataclasses.field(default=4, kw_only=True)
     retry_budget_ms: int = dataclasses.field(default=30000, kw_only=True)
+    # mori_torch extension: serve this engine's counters (IOEngine.stats) for
+    # Prometheus at http://<host>:<metrics_port>/metrics (needs
+    # prometheus_client; 0 picks a free port, see IOEngine.metrics_port).
+    # mori_torch.metrics.EngineCollector registers them with
+    # a registry of your own instead. -1: no endpoint.
+    metrics_port: int = dataclasses.field(default=-1, kw_only=True)
+    # mori_torch extension: NVTX / roctx ranges around transfers and ops, for
+    # Nsight Systems or rocprof. Process-wide (so is MORI_TORCH_NVTX=1);
+    # True turns them on, False leaves them as they are.
+    nvtx: bool = dataclasses.field(default=False, kw_only=True)
 
 
 @dataclasses.dataclass
@@ -268,7 +279,9 @@ def _index(name: str, v) -> int:
 
 
 def set_log_level(level) -> None:
-    """Sets the native log level: trace, debug, info, warning, error, critical or off."""
+    """Sets the native log level: trace, debug, info, warning, error, critical or off,
+    for every subsystem; a mori_torch extension also takes per-subsystem levels,
+    "info,tcp=debug" (mori_torch.log.set_level; docs/OBSERVABILITY.md)."""
     if not isinstance(level, str):
         raise TypeError(f"set_log_level: level must be a str, got {type(level).__name__}")
     _native.Engine.set_log_level(level)
@@ -445,10 +458,11 @@ def _check_desc(name: str, d, cls):
 class _ShutDownEngine:
     """Stands in for the native engine after IOEngine.shutdown(): every call raises."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_key", "_native")
 
-    def __init__(self, key: str):
+    def __init__(self, key: str, native=None):
         self._key = key
+        self._native = native  # read only for stats() after shutdown
 
     def __getattr__(self, name):
         raise RuntimeError(f"IOEngine '{self._key}' is shut down ({name} called after shutdown())")
@@ -560,12 +574,28 @@ class IOEngine:
             raise TypeError("IOEngineConfig.host must be a str")
         if config.secret is not None and not isinstance(config.secret, str):
             raise TypeError(f"IOEngineConfig.secret must be a str or None, got {type(config.secret).__name__}")
+        metrics_port = _index("IOEngineConfig.metrics_port", config.metrics_port)
+        if not -1 <= metrics_port <= 65535:
+            raise ValueError(f"IOEngineConfig.metrics_port must be in [-1, 65535] (-1: none), got {metrics_port}")
+        if not isinstance(config.nvtx, bool):
+            raise TypeError(f"IOEngineConfig.nvtx must be a bool, got {type(config.nvtx).__name__}")
+        if config.nvtx:
+            _native.Engine.set_trace_ranges(True)
         if not isinstance(config.failover, bool):
             raise TypeError(f"IOEngineConfig.failover must be a bool, got {type(config.failover).__name__}")
         self._e = _native.Engine(key, config.host, _index("IOEngineConfig.port", config.port), config.secret or "",
                                  config.failover, _index("IOEngineConfig.retry_attempts", config.retry_attempts),
                                  _index("IOEngineConfig.retry_budget_ms", config.retry_budget_ms))
         self._key = key
+        self._metrics_server = None
+        if metrics_port >= 0:
+            try:
+                from . import metrics
+
+                self._metrics_server = metrics.serve(self, metrics_port, config.host or "127.0.0.1")
+            except BaseException:
+                self._e.shutdown()
+                raise
         # Registered tensors stay alive until deregistered: the engine may
         # touch their memory at any time.
         self._tensors: Dict[int, torch.Tensor] = {}
@@ -745,6 +775,37 @@ class IOEngine:
             natives.append(s._s)
         return StatusCode(self._e.wait_all(natives, _index("timeout_ms", timeout_ms)))
 
+    def stats(self) -> dict:
+        """This engine's transfer counters (a mori_torch extension), as a plain dict::
+
+            {"engine": key, "total": C, "backends": {"TCP": C, ...},
+             "peers": {remote_key: {"TCP": C, ...}}, "unrouted": C,
+             "latency_bounds_us": [1, 2, 4, ...]}
+
+        where each ``C`` holds ``reads``, ``writes``, ``transfers`` (submitted,
+        refused ones included), ``bytes_read``, ``bytes_written``, ``bytes``
+        (of transfers that succeeded), ``succeeded``, ``errors`` (by status
+        code name), ``in_flight`` and ``latency``: ``buckets`` (counts per
+        bound of ``latency_bounds_us``, the last one unbounded), ``count`` and
+        ``sum_ns``. ``unrouted`` counts transfers refused before a backend was
+        chosen (bad arguments, unknown engine); backends and peers with no
+        transfers are left out. Counters keep counting from the engine's
+        start and stay readable after shutdown(). ``failover`` holds
+        failover_stats() (retries and backend switches)."""
+        d = json.loads(self._stats_json())
+        native = self._e._native if isinstance(self._e, _ShutDownEngine) else self._e
+        d["failover"] = dict(native.failover_stats())
+        return d
+
+    def _stats_json(self) -> str:
+        native = self._e._native if isinstance(self._e, _ShutDownEngine) else self._e
+        return native.stats_json()
+
+    @property
+    def metrics_port(self) -> Optional[int]:
+        """The port of this engine's Prometheus endpoint (IOEngineConfig.metrics_port), None without one."""
+        return None if self._metrics_server is None else self._metrics_server.server_port
+
     @_native_call
     def failover_stats(self) -> Dict[str, int]:
         """What retry and failover did so far: retries (attempts after a
@@ -774,6 +835,9 @@ class IOEngine:
             fn = hook()  # weak references: a hook never keeps its owner alive
             if fn is not None:
                 fn()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         self._e.shutdown()
-        self._e = _ShutDownEngine(self._key)
+        self._e = _ShutDownEngine(self._key, self._e)
         self._tensors.clear()

@@ -80,8 +80,9 @@ for spec in sys.argv[1:]:
 EOF
 }
 
-# etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous").
-reqs=(pip "setuptools>=64" wheel "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7")
+# etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous");
+# prometheus_client: mori_torch.metrics (IOEngineConfig(metrics_port=...)), as vLLM uses it.
+reqs=(pip "setuptools>=64" wheel "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7" "prometheus_client>=0.20")
 if satisfied "${reqs[@]}"; then
   echo "==> pip: ${reqs[*]} already installed"
 else

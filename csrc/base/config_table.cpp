@@ -54,6 +54,14 @@ const std::vector<Entry>& Rows() {
           "Control plane: how long a peer may take to finish a frame it started, and to send its Hello."),
       Choice(E, "MORI_TORCH_LOG_LEVEL", 3, "trace,debug,info,warning,error,critical,off",
              "Lowest level of the native log (stderr); a bad value keeps the default and says so once."),
+      Text(E, "MORI_TORCH_LOG", "",
+           "Per-subsystem log levels, read after MORI_TORCH_LOG_LEVEL: a level and/or subsystem=level pairs, "
+           "comma-separated (info,tcp=debug); subsystems core, engine, ctrl, loop, tcp, rdma, xgmi, stream, gpu, "
+           "torch. A bad value is ignored and said once."),
+      Bool(E, "MORI_TORCH_NVTX", false,
+           "Profiler ranges (NVTX on CUDA, roctx on ROCm) around transfers and ops, as IOEngineConfig(nvtx=True)."),
+      Bool(E, "MORI_TORCH_STATS", true,
+           "Transfer counters (IOEngine.stats()); 0 switches them off, to measure what they cost."),
       Text(E, "MORI_TORCH_LIBCRYPTO", "libcrypto.so.3",
            "OpenSSL 3 libcrypto to load for the shared-secret handshake."),
       // Environment: GPU streams and staging.
@@ -109,6 +117,10 @@ const std::vector<Entry>& Rows() {
       Int(Eng, "retry_attempts", 4, 1, 64, "Attempts in all of a transfer whose path breaks (failover on)."),
       Int(Eng, "retry_budget_ms", 30000, 0, kTiB,
           "No retry starts later than this after submission (nor past the backend's op_timeout_ms)."),
+      Int(Eng, "metrics_port", -1, -1, 65535,
+          "Serve IOEngine.stats() for Prometheus at http://host:port/metrics (needs prometheus_client); 0 picks "
+          "a free port, -1: no endpoint."),
+      Bool(Eng, "nvtx", false, "Profiler ranges around transfers and ops, process-wide (as MORI_TORCH_NVTX=1)."),
 
       // TcpBackendConfig: MORI's TCP branch, plus mori_torch extensions.
       Int(Tcp, "sock_sndbuf_bytes", 32 << 20, 0, kI32, "SO_SNDBUF of data connections (0: the kernel's)."),

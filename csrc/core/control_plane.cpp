@@ -12,6 +12,7 @@
 
 #include "core/byte_io.h"
 #include "core/logging.h"
+#include "core/thread_name.h"
 #include "core/memory_registry.h"
 
 namespace mori_torch {
@@ -82,7 +83,7 @@ ControlPlaneServer::ControlPlaneServer(ControlPlaneDelegate* delegate, ControlPl
       opts_(opts),
       loop_(loop),
       limits_(std::make_shared<ConnectionLimits>(opts.caps)),
-      handlers_("control plane", opts.handler_threads) {}
+      handlers_("control plane", "mori-ctrl", opts.handler_threads) {}
 
 ControlPlaneServer::~ControlPlaneServer() {
   Stop();
@@ -399,6 +400,7 @@ void ControlPlaneServer::HandOffData(const ConnPtr& c, uint8_t backend) {
   if (stopping_.load()) return;
   blocking_.push_back(std::move(b));
   raw->thread = std::thread([this, raw, backend, peer = c->peer] {
+    SetThreadName("mori-data-in");
     delegate_->ServeData(backend, peer, raw->sock);
     raw->sock.Shutdown();  // closed when joined (Stop() may still shut it down)
     raw->done.store(true);

@@ -61,6 +61,7 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   desc_.pid = static_cast<int32_t>(getpid());
   desc_.incarnation = NewIncarnation();
   memory_.SetOwner(desc_.key, desc_.incarnation);
+  self_counters_ = stats_.ForPeer(desc_.key);
   cfg_.secret = auth::ResolveSecret(cfg.secret);
   cfg_.control.secret = cfg_.secret;
   ctx_.self = &desc_;
@@ -169,14 +170,14 @@ void Engine::RegisterRemoteEngine(const EngineDesc& desc) {
   if (desc.key.empty()) throw Error(StatusCode::ERR_INVALID_ARGS, "register_remote_engine: empty engine key");
   std::unique_lock<std::shared_mutex> lk(remotes_mu_);
   auto it = remotes_.find(desc.key);
-  if (it != remotes_.end() && it->second != desc) {
+  if (it != remotes_.end() && it->second.desc != desc) {
     MORI_LOG(Info, "register_remote_engine: '" << desc.key << "' re-registered with a new descriptor");
     control_clients_.erase(desc.key);
     lk.unlock();
     ForEachBackend([&](Backend& b) { b.RemovePeer(desc.key, "remote engine '" + desc.key + "' was re-registered"); });
     lk.lock();
   }
-  remotes_[desc.key] = desc;
+  remotes_[desc.key] = Remote{desc, stats_.ForPeer(desc.key)};
 }
 
 void Engine::DeregisterRemoteEngine(const EngineDesc& desc, const std::string& reason) {
@@ -267,7 +268,7 @@ std::shared_ptr<ControlClient> Engine::ClientFor(const std::string& engine_key) 
                 "remote engine '" + engine_key + "' is not registered; call register_remote_engine first");
   }
   auto& c = control_clients_[engine_key];
-  if (!c) c = std::make_shared<ControlClient>(desc_, it->second, cfg_.connect_timeout_ms, cfg_.secret);
+  if (!c) c = std::make_shared<ControlClient>(desc_, it->second.desc, cfg_.connect_timeout_ms, cfg_.secret);
   return c;
 }
 
@@ -294,7 +295,7 @@ bool Engine::KnowsEngine(const EngineDesc& peer) const {
   if (peer == desc_) return true;
   std::shared_lock<std::shared_mutex> lk(remotes_mu_);
   auto it = remotes_.find(peer.key);
-  return it != remotes_.end() && it->second == peer;
+  return it != remotes_.end() && it->second.desc == peer;
 }
 
 StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Route* route, std::string* msg) {
@@ -313,23 +314,26 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
            "' (deregistered?)";
     return StatusCode::ERR_NOT_FOUND;
   }
-  return PickPath(local, remote, &route->path, msg);
+  return PickPath(local, remote, &route->path, msg, &route->counters);
 }
 
 StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path,
-                            std::string* msg) {
+                            std::string* msg, std::shared_ptr<TransferCounters>* out_counters) {
   if (shut_down_.load()) {
     *msg = "engine '" + desc_.key + "' is shut down";
     return StatusCode::ERR_BAD_STATE;
   }
   EngineDesc remote_engine;
+  std::shared_ptr<TransferStats::PeerCounters> counters;
   {
     std::shared_lock<std::shared_mutex> lk(remotes_mu_);
     auto it = remotes_.find(remote.engine_key);
     if (it != remotes_.end()) {
-      remote_engine = it->second;
+      remote_engine = it->second.desc;
+      counters = it->second.counters;
     } else if (remote.engine_key == desc_.key) {
       remote_engine = desc_;
+      counters = self_counters_;
     } else {
       *msg = "remote engine '" + remote.engine_key + "' is not registered; call register_remote_engine first";
       return StatusCode::ERR_NOT_FOUND;
@@ -348,6 +352,7 @@ StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, T
   }
   if (!chosen) chosen = std::move(first_capable);  // every capable path is down: try the preferred
   if (chosen) {
+    if (out_counters) *out_counters = TransferStats::Of(counters, chosen->Type());
     path->peer = chosen->Peer(remote_engine);
     path->backend = std::move(chosen);
     path->peer_key = remote_engine.key;
@@ -369,6 +374,7 @@ StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc
   Route route;
   if (c == StatusCode::SUCCESS) c = Resolve(local, remote, &route, &msg);
   if (c != StatusCode::SUCCESS) {
+    stats_.Unrouted().Rejected(is_read, c);
     status->Update(c, msg);
     return status;
   }
@@ -377,7 +383,7 @@ StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc
   op.remote = remote;
   op.uid = uid;
   op.status = status;
-  driver_->Submit(std::move(op), std::move(route.path));
+  driver_->Submit(std::move(op), std::move(route.path), route.counters);
   return status;
 }
 
@@ -406,7 +412,10 @@ std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<Mem
                             std::to_string(local_offsets.size()) + ", remote_descs " + std::to_string(remotes.size()) +
                             ", remote_offsets " + std::to_string(remote_offsets.size()) + ", sizes " +
                             std::to_string(sizes.size()) + ", uids " + std::to_string(uids.size());
-    for (size_t i = 0; i < n; ++i) out.push_back(MakeStatus(StatusCode::ERR_INVALID_ARGS, msg));
+    for (size_t i = 0; i < n; ++i) {
+      stats_.Unrouted().Rejected(is_read, StatusCode::ERR_INVALID_ARGS);
+      out.push_back(MakeStatus(StatusCode::ERR_INVALID_ARGS, msg));
+    }
     return out;
   }
   for (size_t i = 0; i < n; ++i) {
@@ -427,7 +436,8 @@ std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const Me
   }
   if (c != StatusCode::SUCCESS) throw Error(c, "create_session: " + msg);
   ValidateRemoteMemory(remote);
-  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.path), driver_, next_uid_);
+  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.path), driver_, next_uid_,
+                                   std::move(route.counters));
 }
 
 size_t Engine::MappedRemoteMemories() const {

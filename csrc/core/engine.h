@@ -97,6 +97,8 @@ class Engine : public ControlPlaneDelegate {
   uint64_t RefusedConnections() const { return server_->RefusedConnections(); }
   // Completion notices dropped because their table was full.
   uint64_t DroppedNotices() const { return notices_.Dropped(); }
+  // This engine's transfer counters as JSON (TransferStats::ToJson).
+  std::string StatsJson() const { return stats_.ToJson(desc_.key); }
   // nullptr entries are skipped. See docs/MORI_IO_API.md for the timeout rules.
   static StatusCode WaitAll(const std::vector<StatusPtr>& statuses, int64_t timeout_ms);
   FailoverCounters Failover() const { return {driver_->Stats(), driver_->health().Stats()}; }
@@ -112,6 +114,13 @@ class Engine : public ControlPlaneDelegate {
   struct Route {
     std::shared_ptr<LocalMemory> local;
     TransferPath path;
+    std::shared_ptr<TransferCounters> counters;  // of (remote engine, backend)
+  };
+  // A registered remote engine and its counters (kept here so that a
+  // transfer finds them in the lookup it does anyway).
+  struct Remote {
+    EngineDesc desc;
+    std::shared_ptr<TransferStats::PeerCounters> counters;
   };
   // Resolves local memory, remote engine and backend; SUCCESS or an error
   // code with *msg.
@@ -119,7 +128,9 @@ class Engine : public ControlPlaneDelegate {
   // The backend for the pair: the first capable one in preference order
   // whose path to the remote engine is healthy (failover.h), else the first
   // capable one. The retry driver's router.
-  StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg);
+  // *counters (when given): the engine's counters of (remote engine, backend).
+  StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg,
+                      std::shared_ptr<TransferCounters>* counters = nullptr);
   StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
                    const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
                    const std::vector<int64_t>& sizes, TransferUid uid);
@@ -141,6 +152,8 @@ class Engine : public ControlPlaneDelegate {
   EngineConfig cfg_;
   // First, so that it outlives everything that watches sockets on it.
   std::unique_ptr<EventLoop> loop_;
+  TransferStats stats_;
+  std::shared_ptr<TransferStats::PeerCounters> self_counters_;  // transfers within this engine
   MemoryRegistry memory_;
   NotificationTable notices_;
   BackendContext ctx_;
@@ -152,7 +165,7 @@ class Engine : public ControlPlaneDelegate {
   std::array<std::shared_ptr<Backend>, 4> backends_;  // indexed by BackendType
 
   mutable std::shared_mutex remotes_mu_;
-  std::unordered_map<std::string, EngineDesc> remotes_;
+  std::unordered_map<std::string, Remote> remotes_;
   std::unordered_map<std::string, std::shared_ptr<ControlClient>> control_clients_;
 
   std::unique_ptr<ControlPlaneServer> server_;

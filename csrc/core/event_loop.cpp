@@ -9,11 +9,13 @@
 
 #include "core/logging.h"
 #include "core/net.h"
+#include "core/thread_name.h"
 #include "core/types.h"
 
 namespace mori_torch {
 
-WorkerPool::WorkerPool(std::string name, int threads) : name_(std::move(name)) {
+WorkerPool::WorkerPool(std::string name, std::string thread_name, int threads)
+    : name_(std::move(name)), thread_name_(std::move(thread_name)) {
   if (threads < 1) threads = 1;
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
@@ -49,6 +51,7 @@ void WorkerPool::Stop() {
 }
 
 void WorkerPool::Run() {
+  SetThreadName(thread_name_.c_str());
   while (true) {
     std::function<void()> fn;
     {
@@ -196,6 +199,7 @@ void EventLoop::CheckIdle() {
 }
 
 void EventLoop::Run() {
+  SetThreadName("mori-loop");
   constexpr int kTickMs = 50;
   epoll_event evs[64];
   int64_t next_check = SteadyMs() + kTickMs;

@@ -24,7 +24,9 @@ namespace mori_torch {
 // A fixed set of threads running posted tasks in order of posting.
 class WorkerPool {
  public:
-  WorkerPool(std::string name, int threads);
+  // `name` goes into log lines, `thread_name` (<= 15 bytes, "mori-...")
+  // names its threads.
+  WorkerPool(std::string name, std::string thread_name, int threads);
   ~WorkerPool();  // Stop()
   // Runs fn on a worker; false (fn dropped) once stopped.
   bool Post(std::function<void()> fn);
@@ -35,6 +37,7 @@ class WorkerPool {
  private:
   void Run();
   const std::string name_;
+  const std::string thread_name_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> q_;

@@ -13,6 +13,7 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
                              Int64Span remote_offsets, Int64Span sizes, TransferUid uid) {
   auto status = MakeStatus();
   if (local_->retired()) {
+    if (counters_) counters_->Rejected(is_read, StatusCode::ERR_NOT_FOUND);
     status->Update(StatusCode::ERR_NOT_FOUND, "session: local memory " + std::to_string(local_->desc.id) +
                                                   " was deregistered");
     return status;
@@ -21,6 +22,7 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   std::string msg;
   StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local->desc, remote_, &op.segs, &msg);
   if (c != StatusCode::SUCCESS) {
+    if (counters_) counters_->Rejected(is_read, c);
     status->Update(c, msg);
     return status;
   }
@@ -29,7 +31,7 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   op.remote = remote_;
   op.uid = uid;
   op.status = status;
-  driver_->Submit(std::move(op), CurrentPath());
+  driver_->Submit(std::move(op), CurrentPath(), counters_);
   return status;
 }
 

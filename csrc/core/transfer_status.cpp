@@ -3,6 +3,8 @@
 #include <chrono>
 #include <thread>
 
+#include "gpu/trace_ranges.h"
+
 namespace mori_torch {
 
 StatusCode TransferStatus::Code() {
@@ -35,10 +37,11 @@ void TransferStatus::Update(StatusCode code, const std::string& message, bool pa
     }
     if (hook) {
       std::string msg = message;
-      if (hook(code, &msg, path_failed)) return;
+      if (hook(code, &msg, path_failed)) return;  // another attempt ends it (and its record)
       return Update(code, msg);
     }
   }
+  TransferRecord ended;
   {
     std::lock_guard<std::mutex> lk(mu_);
     StatusCode cur = PeekCode();
@@ -47,16 +50,36 @@ void TransferStatus::Update(StatusCode code, const std::string& message, bool pa
     message_ = message;
     code_.store(static_cast<int>(code), std::memory_order_release);
     if (IsTerminal(code)) progress_.reset();
+    ended = TakeRecordIfEnded(cur, code);
   }
+  EndRecord(ended, code);
   NotifyIfTerminal(code);
 }
 
 void TransferStatus::SetCode(StatusCode code) {
+  TransferRecord ended;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    ended = TakeRecordIfEnded(PeekCode(), code);
     code_.store(static_cast<int>(code), std::memory_order_release);
   }
+  EndRecord(ended, code);
   NotifyIfTerminal(code);
+}
+
+void TransferStatus::SetRecord(TransferRecord record) {
+  std::lock_guard<std::mutex> lk(mu_);
+  record_ = std::move(record);
+}
+
+TransferRecord TransferStatus::TakeRecordIfEnded(StatusCode old_code, StatusCode code) {
+  if (IsTerminal(old_code) || !IsTerminal(code)) return {};
+  return std::move(record_);
+}
+
+void TransferStatus::EndRecord(TransferRecord& r, StatusCode code) {
+  if (r.counters) r.counters->End(r.is_read, r.bytes, code, StatsNowNs() - r.start_ns);
+  gpu::TraceRangeEnd(r.trace_range);
 }
 
 void TransferStatus::SetMessage(const std::string& message) {

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/transfer_stats.h"
 #include "core/types.h"
 
 namespace mori_torch {
@@ -58,8 +59,15 @@ class TransferStatus {
   // lock held, possibly from several threads at once.
   void SetProgressHook(std::function<void()> hook);
 
+  // The engine's counters for this transfer: ended (TransferCounters::End)
+  // with the first terminal code, on the thread that sets it.
+  void SetRecord(TransferRecord record);
+
  private:
   void NotifyIfTerminal(StatusCode code);
+  // mu_ held: hands out the record when `code` ends the transfer.
+  TransferRecord TakeRecordIfEnded(StatusCode old_code, StatusCode code);
+  static void EndRecord(TransferRecord& r, StatusCode code);
 
   std::atomic<int> code_{static_cast<int>(StatusCode::INIT)};
   mutable std::mutex mu_;
@@ -67,6 +75,7 @@ class TransferStatus {
   std::string message_;
   std::shared_ptr<std::function<void()>> progress_;
   OutcomeHook outcome_;
+  TransferRecord record_;
 };
 
 using StatusPtr = std::shared_ptr<TransferStatus>;

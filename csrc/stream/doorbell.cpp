@@ -9,6 +9,7 @@
 #include "base/config_table.h"
 
 #include "core/logging.h"
+#include "core/thread_name.h"
 
 namespace mori_torch {
 namespace {
@@ -102,7 +103,12 @@ DoorbellService& DoorbellService::Instance() {
   return *service;
 }
 
-DoorbellService::DoorbellService(std::chrono::microseconds spin) : spin_(spin) { thread_ = std::thread([this] { Loop(); }); }
+DoorbellService::DoorbellService(std::chrono::microseconds spin) : spin_(spin) {
+  thread_ = std::thread([this] {
+    SetThreadName("mori-doorbell");
+    Loop();
+  });
+}
 
 void DoorbellService::Stop() {
   {

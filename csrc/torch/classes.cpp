@@ -11,6 +11,7 @@
 #include "torch/classes.h"
 #include "core/logging.h"
 #include "gpu/gpu_runtime.h"
+#include "gpu/trace_ranges.h"
 
 namespace mori_torch {
 namespace bind {
@@ -386,14 +387,24 @@ TORCH_LIBRARY(mori, m) {
            })
       .def("mapped_remote_memories",
            [](const EngineRef& self) { return static_cast<int64_t>(self->e->MappedRemoteMemories()); })
+      // Transfer counters as JSON (core/transfer_stats.h documents the fields;
+      // mori_torch.io.IOEngine.stats() parses them into a dict).
+      .def("stats_json", [](const EngineRef& self) { return self->e->StatsJson(); })
       .def_static("pinned_host_bytes", []() { return static_cast<int64_t>(gpu::PinnedBytes()); })
       .def_static("flush_log", [](int64_t timeout_ms) { return FlushLog(static_cast<int>(timeout_ms)); })
-      .def_static("set_log_level", [](const std::string& level) {
-        Guard([&] {
-          SetLogLevel(level);
-          return 0;
-        });
-      });
+      .def_static("set_log_level",
+                  [](const std::string& level) {
+                    Guard([&] {
+                      SetLogLevel(level);
+                      return 0;
+                    });
+                  })
+      .def_static("log_level_spec", []() { return LogLevelSpec(); })
+      .def_static("log_lines_dropped", []() { return static_cast<int64_t>(LogLinesDropped()); })
+      .def_static("log_lines_suppressed", []() { return static_cast<int64_t>(LogLinesSuppressed()); })
+      .def_static("set_trace_ranges", [](bool on) { gpu::SetTraceRanges(on); })
+      .def_static("trace_ranges_enabled", []() { return gpu::TraceRangesEnabled(); })
+      .def_static("trace_ranges_available", []() { return gpu::TraceRangesAvailable(); });
 }
 
 }  // namespace bind

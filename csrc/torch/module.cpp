@@ -1,10 +1,11 @@
 // Makes the extension importable as mori_torch._C; importing it runs the
 // TORCH_LIBRARY registrations of the other files in this library: the
 // custom classes (classes.cpp) and the ops torch.ops.mori.* (ops_*.cpp).
-// Its Python functions: int64_tensor turns the offset lists that serving
-// engines pass into int64 tensors in one pass in C (a few ns per entry),
-// since the TorchScript boundary converts a List[int] at about 20 ns per
-// entry; config_table hands the settings table to mori_torch.config.
+// Its Python functions: log_route/log_drain hand native log lines to
+// Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
+// that serving engines pass into int64 tensors in one pass in C (a few ns
+// per entry), since the TorchScript boundary converts a List[int] at about
+// 20 ns per entry; config_table hands the settings table to mori_torch.config.
 // The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
 // that nothing is generated into the source tree at build time.
 #include <Python.h>
@@ -13,6 +14,9 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
+
+#include "core/logging.h"
 
 #include "base/config_table.h"
 
@@ -74,6 +78,55 @@ PyObject* Int64Tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return THPVariable_Wrap(std::move(t));
 }
 
+// log_route(on): while on, native log lines wait for log_drain instead of
+// going to stderr (mori_torch/log.py routes them into Python's logging).
+PyObject* LogRoute(PyObject*, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  mori_torch::RouteLogToReader(on != 0);
+  Py_RETURN_NONE;
+}
+
+// log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file,
+// line, time_ms, message)], waiting up to timeout_ms (GIL released) for the
+// first line. Levels: 0 trace .. 5 critical.
+PyObject* LogDrain(PyObject*, PyObject* args) {
+  long long max_lines = 0, timeout_ms = 0;
+  if (!PyArg_ParseTuple(args, "LL", &max_lines, &timeout_ms)) return nullptr;
+  if (max_lines <= 0 || timeout_ms < 0) {
+    PyErr_Format(PyExc_ValueError, "log_drain: max_lines must be > 0 and timeout_ms >= 0, got %lld and %lld",
+                 max_lines, timeout_ms);
+    return nullptr;
+  }
+  std::vector<mori_torch::LogRecord> recs;
+  Py_BEGIN_ALLOW_THREADS;
+  recs = mori_torch::DrainLog(static_cast<size_t>(max_lines), static_cast<int>(timeout_ms));
+  Py_END_ALLOW_THREADS;
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(recs.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    // Bytes a peer sent may reach a message: never fail on them.
+    PyObject* msg = PyUnicode_DecodeUTF8(r.msg.data(), static_cast<Py_ssize_t>(r.msg.size()), "replace");
+    PyObject* thread = PyUnicode_DecodeUTF8(r.thread.data(), static_cast<Py_ssize_t>(r.thread.size()), "replace");
+    if (msg == nullptr || thread == nullptr) {
+      Py_XDECREF(msg);
+      Py_XDECREF(thread);
+      Py_DECREF(out);
+      return nullptr;
+    }
+    // "N" hands msg and thread over, also when building fails.
+    PyObject* t = Py_BuildValue("(isNsiLN)", static_cast<int>(r.level), mori_torch::LogSubsystemName(r.subsystem),
+                                thread, r.file ? r.file : "", r.line, static_cast<long long>(r.time_ms), msg);
+    if (t == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
+  }
+  return out;
+}
+
 // config_table() -> [(scope, name, kind, default, min, max, text_default,
 // choices, doc, overrides)], the rows of base/config_table.cpp in order.
 PyObject* ConfigTable(PyObject*, PyObject*) {
@@ -97,6 +150,9 @@ PyObject* ConfigTable(PyObject*, PyObject*) {
 }
 
 PyMethodDef kMethods[] = {
+    {"log_route", LogRoute, METH_O, "log_route(on): hold native log lines for log_drain (True) or write them to stderr."},
+    {"log_drain", LogDrain, METH_VARARGS,
+     "log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file, line, time_ms, message)]."},
     {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
      "int64_tensor(values, what) -> a CPU int64 tensor of the list or tuple of ints `values`; errors name `what`."},
     {"config_table", ConfigTable, METH_NOARGS,

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "stream/enqueue.h"
+#include "gpu/trace_ranges.h"
 #include "stream/handle_registry.h"
 
 namespace mori_torch {
@@ -41,26 +42,32 @@ bool IsRegistered(const OpCall& c);
 // One impl per schema, parameterized by where the op runs.
 template <void (*Run)(OpCall)>
 struct OpImpls {
+  // The op's host side inside a profiler range named after it (off unless
+  // enabled: gpu/trace_ranges.h).
+  static void Traced(OpCall c) {
+    gpu::ScopedTraceRange range(c.name);
+    Run(std::move(c));
+  }
   static void Read(int64_t h, at::Tensor& local, int64_t lo, int64_t ro, int64_t size) {
-    Run(ParseSingle("mori.read", true, h, local, lo, ro, size));
+    Traced(ParseSingle("mori.read", true, h, local, lo, ro, size));
   }
   static void Write(int64_t h, const at::Tensor& local, int64_t lo, int64_t ro, int64_t size) {
-    Run(ParseSingle("mori.write", false, h, local, lo, ro, size));
+    Traced(ParseSingle("mori.write", false, h, local, lo, ro, size));
   }
   static void BatchRead(int64_t h, at::Tensor& local, const at::Tensor& lo, const at::Tensor& ro,
                         const at::Tensor& sizes) {
-    Run(ParseBatch("mori.batch_read", true, h, local, lo, ro, sizes));
+    Traced(ParseBatch("mori.batch_read", true, h, local, lo, ro, sizes));
   }
   static void BatchWrite(int64_t h, const at::Tensor& local, const at::Tensor& lo, const at::Tensor& ro,
                          const at::Tensor& sizes) {
-    Run(ParseBatch("mori.batch_write", false, h, local, lo, ro, sizes));
+    Traced(ParseBatch("mori.batch_write", false, h, local, lo, ro, sizes));
   }
   static void ReadPages(int64_t h, at::Tensor& local, const at::Tensor& lp, const at::Tensor& rp, int64_t page) {
-    Run(ParsePages("mori.read_pages", true, h, local, lp, rp, page));
+    Traced(ParsePages("mori.read_pages", true, h, local, lp, rp, page));
   }
   static void WritePages(int64_t h, const at::Tensor& local, const at::Tensor& lp, const at::Tensor& rp,
                          int64_t page) {
-    Run(ParsePages("mori.write_pages", false, h, local, lp, rp, page));
+    Traced(ParsePages("mori.write_pages", false, h, local, lp, rp, page));
   }
   static void Register(torch::Library& m) {
     m.impl("read", &Read);

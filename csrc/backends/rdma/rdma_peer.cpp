@@ -12,6 +12,7 @@
 #include "core/crypto.h"
 #include "core/control_plane.h"
 #include "core/logging.h"
+#include "core/thread_name.h"
 
 namespace mori_torch {
 namespace rdma {
@@ -139,6 +140,7 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
   Conn* raw = c.get();
   const std::string key = remote_.key;
   c->watcher = std::thread([raw, key] {
+    SetThreadName("mori-rdma-watch");
     pollfd fds[2] = {{raw->sock.fd(), POLLRDHUP, 0}, {raw->stop_fd, POLLIN, 0}};
     while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
     }

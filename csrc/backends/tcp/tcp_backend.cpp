@@ -9,6 +9,7 @@
 
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
+#include "core/thread_name.h"
 
 namespace mori_torch {
 namespace tcp {
@@ -41,10 +42,10 @@ TcpBackend::TcpBackend(const TcpConfig& cfg, const BackendContext& ctx)
                                                   static_cast<size_t>(2 * cfg.num_data_conns))) {
   int threads = static_cast<int>(cfg.serve_threads);
   if (threads == 0) threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 4, 16);
-  serve_pool_ = std::make_unique<WorkerPool>("TCP target", threads);
+  serve_pool_ = std::make_unique<WorkerPool>("TCP target", "mori-tcp-serve", threads);
   workers_.loop = ctx.loop;
-  workers_.senders = std::make_shared<WorkerPool>("TCP send", threads);
-  workers_.receivers = std::make_shared<WorkerPool>("TCP receive", threads);
+  workers_.senders = std::make_shared<WorkerPool>("TCP send", "mori-tcp-send", threads);
+  workers_.receivers = std::make_shared<WorkerPool>("TCP receive", "mori-tcp-recv", threads);
 }
 
 void TcpBackend::Shutdown() {

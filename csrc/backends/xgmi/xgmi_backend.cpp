@@ -9,6 +9,7 @@
 
 #include "base/config_table.h"
 #include "core/logging.h"
+#include "core/thread_name.h"
 #include "gpu/stream_ops.h"
 
 namespace mori_torch {
@@ -61,7 +62,10 @@ XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg
   ownership_->SetRevoker([this](const std::string& owner, const std::vector<MemoryId>& ids) {
     RevokeRemoteMemory(owner, ids);
   });
-  completion_thread_ = std::thread([this] { CompletionLoop(); });
+  completion_thread_ = std::thread([this] {
+    SetThreadName("mori-xgmi-done");
+    CompletionLoop();
+  });
 }
 
 XgmiBackend::~XgmiBackend() { Shutdown(); }

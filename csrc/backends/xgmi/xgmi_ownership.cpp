@@ -10,6 +10,7 @@
 
 #include "core/byte_io.h"
 #include "core/logging.h"
+#include "core/thread_name.h"
 
 namespace mori_torch {
 namespace xgmi {
@@ -144,7 +145,12 @@ void MemoryOwnership::RevokeFromWatchers(const std::vector<std::shared_ptr<Local
   };
   // In parallel, so a hung watcher costs one timeout, not one per watcher.
   std::vector<std::thread> threads;
-  for (auto& kv : by_engine) threads.emplace_back(revoke, std::cref(kv.second));
+  for (auto& kv : by_engine) {
+    threads.emplace_back([&revoke, &n = kv.second] {
+      SetThreadName("mori-revoke");
+      revoke(n);
+    });
+  }
   for (auto& t : threads) t.join();
 }
 
