@@ -790,12 +790,9 @@ class IOEngine:
         ``sum_ns``. ``unrouted`` counts transfers refused before a backend was
         chosen (bad arguments, unknown engine); backends and peers with no
         transfers are left out. Counters keep counting from the engine's
-        start and stay readable after shutdown(). ``failover`` holds
-        failover_stats() (retries and backend switches)."""
-        d = json.loads(self._stats_json())
-        native = self._e._native if isinstance(self._e, _ShutDownEngine) else self._e
-        d["failover"] = dict(native.failover_stats())
-        return d
+        start and stay readable after shutdown(). Retries and backend
+        switches: failover_stats()."""
+        return json.loads(self._stats_json())
 
     def _stats_json(self) -> str:
         native = self._e._native if isinstance(self._e, _ShutDownEngine) else self._e
