@@ -31,9 +31,7 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   op.remote = remote_;
   op.uid = uid;
   op.status = status;
-  TransferPath path = CurrentPath();
-  AttachRecord(op, path.counters);
-  driver_->Submit(std::move(op), std::move(path));
+  driver_->Submit(std::move(op), CurrentPath(), counters_);
   return status;
 }
 
