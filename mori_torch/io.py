@@ -97,15 +97,6 @@ class IOEngineConfig:
     # takes MORI_TORCH_SECRET, and without either the engine serves anyone.
     # Never printed, never part of a descriptor.
     secret: Optional[str] = dataclasses.field(default=None, kw_only=True, repr=False)
-    # mori_torch extensions (keyword-only): a transfer whose path breaks
-    # (connection reset, QP in error, IPC open refused) is retried over a
-    # fresh connection, up to retry_attempts attempts within retry_budget_ms
-    # (never past the backend's op timeout), and a failed backend hands the
-    # peer's transfers to the next capable one until it is healthy again
-    # (docs/FAILOVER.md). failover=False: a broken path fails its transfers.
-    failover: bool = dataclasses.field(default=True, kw_only=True)
-    retry_attempts: int = dataclasses.field(default=4, kw_only=True)
-    retry_budget_ms: int = dataclasses.field(default=30000, kw_only=True)
     # mori_torch extension: serve this engine's counters (IOEngine.stats) for
     # Prometheus at http://<host>:<metrics_port>/metrics (needs
     # prometheus_client; 0 picks a free port, see IOEngine.metrics_port).
@@ -116,6 +107,15 @@ class IOEngineConfig:
     # Nsight Systems or rocprof. Process-wide (so is MORI_TORCH_NVTX=1);
     # True turns them on, False leaves them as they are.
     nvtx: bool = dataclasses.field(default=False, kw_only=True)
+    # mori_torch extensions (keyword-only): a transfer whose path breaks
+    # (connection reset, QP in error, IPC open refused) is retried over a
+    # fresh connection, up to retry_attempts attempts within retry_budget_ms
+    # (never past the backend's op timeout), and a failed backend hands the
+    # peer's transfers to the next capable one until it is healthy again
+    # (docs/FAILOVER.md). failover=False: a broken path fails its transfers.
+    failover: bool = dataclasses.field(default=True, kw_only=True)
+    retry_attempts: int = dataclasses.field(default=4, kw_only=True)
+    retry_budget_ms: int = dataclasses.field(default=30000, kw_only=True)
 
 
 @dataclasses.dataclass
@@ -790,8 +790,7 @@ class IOEngine:
         ``sum_ns``. ``unrouted`` counts transfers refused before a backend was
         chosen (bad arguments, unknown engine); backends and peers with no
         transfers are left out. Counters keep counting from the engine's
-        start and stay readable after shutdown(). Retries and backend
-        switches: failover_stats()."""
+        start and stay readable after shutdown()."""
         return json.loads(self._stats_json())
 
     def _stats_json(self) -> str:

@@ -111,16 +111,16 @@ const std::vector<Entry>& Rows() {
       Text(Eng, "host", "", "Address the control plane listens on; \"\" listens on 127.0.0.1 only."),
       Int(Eng, "port", 0, 0, 65535, "Control-plane port; 0 binds a free one."),
       Text(Eng, "secret", "", "Shared secret every peer must prove; None takes MORI_TORCH_SECRET."),
+      Int(Eng, "metrics_port", -1, -1, 65535,
+          "Serve IOEngine.stats() for Prometheus at http://host:port/metrics (needs prometheus_client); 0 picks "
+          "a free port, -1: no endpoint."),
+      Bool(Eng, "nvtx", false, "Profiler ranges around transfers and ops, process-wide (as MORI_TORCH_NVTX=1)."),
       Bool(Eng, "failover", true,
            "Retry transfers whose path breaks over a fresh connection, and fail over between backends "
            "(docs/FAILOVER.md); off: a broken path fails its transfers."),
       Int(Eng, "retry_attempts", 4, 1, 64, "Attempts in all of a transfer whose path breaks (failover on)."),
       Int(Eng, "retry_budget_ms", 30000, 0, kTiB,
           "No retry starts later than this after submission (nor past the backend's op_timeout_ms)."),
-      Int(Eng, "metrics_port", -1, -1, 65535,
-          "Serve IOEngine.stats() for Prometheus at http://host:port/metrics (needs prometheus_client); 0 picks "
-          "a free port, -1: no endpoint."),
-      Bool(Eng, "nvtx", false, "Profiler ranges around transfers and ops, process-wide (as MORI_TORCH_NVTX=1)."),
 
       // TcpBackendConfig: MORI's TCP branch, plus mori_torch extensions.
       Int(Tcp, "sock_sndbuf_bytes", 32 << 20, 0, kI32, "SO_SNDBUF of data connections (0: the kernel's)."),

@@ -8,7 +8,7 @@ void BackendPeer::LaunchOnStream(const LocalMemory&, const MemoryDesc&, gpu::Str
   throw Error(StatusCode::ERR_BAD_STATE, "this backend cannot launch transfers on a GPU stream");
 }
 
-void StartTransferRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& counters) {
+void AttachRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& counters) {
   TransferRecord r;
   r.trace_range = gpu::TraceRangeStart(op.is_read ? "mori.read" : "mori.write");
   if (counters) {
@@ -18,14 +18,9 @@ void StartTransferRecord(TransferOp& op, const std::shared_ptr<TransferCounters>
     r.start_ns = StatsNowNs();
     counters->Start(op.is_read);
   }
-  // Before the backend sees it: the status may end on a backend thread
+  // Before any backend sees it: the status may end on a backend thread
   // before Submit returns.
   if (r.counters || r.trace_range) op.status->SetRecord(std::move(r));
-}
-
-void SubmitCounted(BackendPeer& peer, TransferOp op, const std::shared_ptr<TransferCounters>& counters) {
-  StartTransferRecord(op, counters);
-  peer.Submit(std::move(op));
 }
 
 }  // namespace mori_torch

@@ -133,12 +133,10 @@ class Backend {
   virtual void Shutdown() = 0;
 };
 
-// Hands `op` to `peer`: counts it on `counters` (null: not counted) until its
-// status ends, inside a profiler range named after its direction.
-void SubmitCounted(BackendPeer& peer, TransferOp op, const std::shared_ptr<TransferCounters>& counters);
-// SubmitCounted's first half: the counting and profiler range, once per
-// transfer, however many attempts it takes (core/retry_driver.h).
-void StartTransferRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& counters);
+// Before `op` is submitted: counts it on `counters` (null: not counted) until
+// its status ends (retries included), inside a profiler range named after
+// its direction.
+void AttachRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& counters);
 
 // Builds a backend of `type`; throws Error naming bad config keys/values or
 // an unavailable backend. Defined with the backends (csrc/backends).

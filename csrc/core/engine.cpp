@@ -314,11 +314,11 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
            "' (deregistered?)";
     return StatusCode::ERR_NOT_FOUND;
   }
-  return PickPath(local, remote, &route->path, msg, &route->counters);
+  return PickPath(local, remote, &route->path, msg);
 }
 
 StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path,
-                            std::string* msg, std::shared_ptr<TransferCounters>* out_counters) {
+                            std::string* msg) {
   if (shut_down_.load()) {
     *msg = "engine '" + desc_.key + "' is shut down";
     return StatusCode::ERR_BAD_STATE;
@@ -352,11 +352,11 @@ StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, T
   }
   if (!chosen) chosen = std::move(first_capable);  // every capable path is down: try the preferred
   if (chosen) {
-    if (out_counters) *out_counters = TransferStats::Of(counters, chosen->Type());
     path->peer = chosen->Peer(remote_engine);
     path->backend = std::move(chosen);
     path->peer_key = remote_engine.key;
     path->alternative = capable > 1;
+    path->counters = TransferStats::Of(counters, path->backend->Type());
     return StatusCode::SUCCESS;
   }
   *msg = "No available backend found, create backend first (local " + std::string(MemoryLocationName(local.loc)) +
@@ -383,7 +383,8 @@ StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc
   op.remote = remote;
   op.uid = uid;
   op.status = status;
-  driver_->Submit(std::move(op), std::move(route.path), route.counters);
+  AttachRecord(op, route.path.counters);
+  driver_->Submit(std::move(op), std::move(route.path));
   return status;
 }
 
@@ -436,8 +437,7 @@ std::shared_ptr<Session> Engine::CreateSession(const MemoryDesc& local, const Me
   }
   if (c != StatusCode::SUCCESS) throw Error(c, "create_session: " + msg);
   ValidateRemoteMemory(remote);
-  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.path), driver_, next_uid_,
-                                   std::move(route.counters));
+  return std::make_shared<Session>(std::move(route.local), remote, std::move(route.path), driver_, next_uid_);
 }
 
 size_t Engine::MappedRemoteMemories() const {

@@ -114,7 +114,6 @@ class Engine : public ControlPlaneDelegate {
   struct Route {
     std::shared_ptr<LocalMemory> local;
     TransferPath path;
-    std::shared_ptr<TransferCounters> counters;  // of (remote engine, backend)
   };
   // A registered remote engine and its counters (kept here so that a
   // transfer finds them in the lookup it does anyway).
@@ -128,9 +127,7 @@ class Engine : public ControlPlaneDelegate {
   // The backend for the pair: the first capable one in preference order
   // whose path to the remote engine is healthy (failover.h), else the first
   // capable one. The retry driver's router.
-  // *counters (when given): the engine's counters of (remote engine, backend).
-  StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg,
-                      std::shared_ptr<TransferCounters>* counters = nullptr);
+  StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg);
   StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
                    const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
                    const std::vector<int64_t>& sizes, TransferUid uid);

@@ -48,6 +48,7 @@ struct TransferPath {
   std::shared_ptr<BackendPeer> peer;
   std::string peer_key;      // the remote engine
   bool alternative = false;  // another capable backend could serve the pair
+  std::shared_ptr<TransferCounters> counters;  // of (remote engine, this backend)
 };
 
 struct RetryStats {

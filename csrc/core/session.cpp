@@ -31,7 +31,9 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   op.remote = remote_;
   op.uid = uid;
   op.status = status;
-  driver_->Submit(std::move(op), CurrentPath(), counters_);
+  TransferPath path = CurrentPath();
+  AttachRecord(op, path.counters);
+  driver_->Submit(std::move(op), std::move(path));
   return status;
 }
 

@@ -18,15 +18,14 @@ namespace mori_torch {
 class Session {
  public:
   Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, TransferPath path,
-          std::shared_ptr<RetryDriver> driver, std::shared_ptr<std::atomic<uint64_t>> uids,
-          std::shared_ptr<TransferCounters> counters)
+          std::shared_ptr<RetryDriver> driver, std::shared_ptr<std::atomic<uint64_t>> uids)
       : local_(std::move(local)),
         remote_(std::move(remote)),
         path_(std::move(path)),
         driver_(std::move(driver)),
         generation_(driver_->health().Generation()),
         uids_(std::move(uids)),
-        counters_(std::move(counters)) {}
+        counters_(path_.counters) {}
 
   StatusPtr Read(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
   StatusPtr Write(int64_t local_offset, int64_t remote_offset, int64_t size, TransferUid uid);
@@ -63,7 +62,8 @@ class Session {
   std::shared_ptr<RetryDriver> driver_;
   uint64_t generation_;  // of PathHealth when path_ was pinned; guarded by mu_
   std::shared_ptr<std::atomic<uint64_t>> uids_;
-  std::shared_ptr<TransferCounters> counters_;  // the engine's, for this pair (null: not counted)
+  // The engine's counters for this pair and the first backend (null: not counted).
+  std::shared_ptr<TransferCounters> counters_;
 };
 
 }  // namespace mori_torch

@@ -74,8 +74,8 @@ class TransferStatus {
   std::condition_variable cv_;
   std::string message_;
   std::shared_ptr<std::function<void()>> progress_;
-  OutcomeHook outcome_;
   TransferRecord record_;
+  OutcomeHook outcome_;
 };
 
 using StatusPtr = std::shared_ptr<TransferStatus>;

@@ -41,7 +41,7 @@ SCENARIO = textwrap.dedent("""
     ld = a.register_torch_tensor(local)
     rd = MemoryDesc.unpack(b.register_torch_tensor(remote).pack())
     sess = a.create_session(ld, rd)
-    assert sess.backend_type() == BackendType.XGMI
+    assert sess.backend_type == BackendType.XGMI
 
     def roundtrip(seed, size):
         g = torch.Generator().manual_seed(seed)
