@@ -42,9 +42,8 @@ void RetryDriver::Shutdown() {
 
 RetryStats RetryDriver::Stats() const { return {retries_.load(), recovered_.load(), exhausted_.load()}; }
 
-void RetryDriver::Submit(TransferOp op, TransferPath path, const std::shared_ptr<TransferCounters>& counters) {
-  if (!policy_.enabled || policy_.max_attempts <= 1) return SubmitCounted(*path.peer, std::move(op), counters);
-  StartTransferRecord(op, counters);
+void RetryDriver::Submit(TransferOp op, TransferPath path) {
+  if (!policy_.enabled || policy_.max_attempts <= 1) return path.peer->Submit(std::move(op));
   auto t = std::make_shared<Transfer>();
   t->driver = weak_from_this();
   t->op = op;  // kept for the retries (the backend takes `op`)

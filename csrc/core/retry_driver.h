@@ -68,8 +68,7 @@ class RetryDriver : public std::enable_shared_from_this<RetryDriver> {
   void SetRouter(Router router);
 
   // Submits op's first attempt on `path`; retries go where the router says.
-  // Counted on `counters` (null: not) once, whatever the attempts.
-  void Submit(TransferOp op, TransferPath path, const std::shared_ptr<TransferCounters>& counters);
+  void Submit(TransferOp op, TransferPath path);
   // Where a transfer of the pair goes now (the router's answer).
   StatusCode Route(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg) const;
   // Ends retrying: pending retries end with an error, later path failures

@@ -37,7 +37,7 @@ void TransferStatus::Update(StatusCode code, const std::string& message, bool pa
     }
     if (hook) {
       std::string msg = message;
-      if (hook(code, &msg, path_failed)) return;  // another attempt ends it (and its record)
+      if (hook(code, &msg, path_failed)) return;
       return Update(code, msg);
     }
   }
