@@ -19,9 +19,10 @@ wall clock over REPLAYS steps (median), in one run:
   tables (StaticPageTables); on one stream, layer l's pull waits for layer
   l-1's compute.
 * ``pulls_ahead_graph`` (mori-torch's connector on GPU caches): the same
-  step with ``PullsAhead``: every layer's
-  ``read_pages`` first on a side stream, each layer's matmul waiting only
-  for its own layer's pages (captured once, replayed with new tables).
+  step with ``PullsAhead``: every layer's ``read_pages`` first, round robin
+  on ``--lanes`` side streams (layers in flight), each layer's matmul
+  waiting only for its own layer's pages (captured once, replayed with new
+  tables); ``pulls_ahead_one_lane_graph``: the same on one side stream.
 * ``host_before_step``: one ``session.batch_read`` of all layers' pages
   from the host, wait, then the compute graph (host-driven pull before the
   step).
@@ -149,26 +150,32 @@ def run(backend, args, record):
             ops.read_pages(h, lbuf, st[n].local, st[n].remote, PAGE)
             compute(n)
 
-    ahead = PullsAhead("cuda:0")
+    def pulls_ahead_with(lanes):
+        ahead = PullsAhead("cuda:0", lanes=lanes)
 
-    def pulls_ahead():
-        ahead.start([(h, lbuf, st)], names)
-        for n in names:
-            ahead.wait(n)
-            compute(n)
-        ahead.finish()
+        def step():
+            ahead.start([(h, lbuf, st)], names)
+            for n in names:
+                ahead.wait(n)
+                compute(n)
+            ahead.finish()
+        return step
+
+    pulls_ahead, pulls_ahead_one_lane = pulls_ahead_with(args.lanes), pulls_ahead_with(1)
 
     new_tables()
     g_compute = capture_graph(compute_only)
     g_pull = capture_graph(pull_only)
     g_step = capture_graph(stream_ordered)
     g_ahead = capture_graph(pulls_ahead)
+    g_ahead1 = capture_graph(pulls_ahead_one_lane)
     t_compute = median_graph_ms(g_compute, args.replays)
     t_pull = median_graph_ms(g_pull, args.replays, before=new_tables)
     t_step = median_graph_ms(g_step, args.replays, before=new_tables)
     t_ahead = median_graph_ms(g_ahead, args.replays, before=new_tables)
+    t_ahead1 = median_graph_ms(g_ahead1, args.replays, before=new_tables)
     ops.check_errors(h)
-    for graph, what in ((g_step, "stream-ordered"), (g_ahead, "pulls ahead")):
+    for graph, what in ((g_step, "stream-ordered"), (g_ahead, "pulls ahead"), (g_ahead1, "pulls ahead, one lane")):
         # One more step, its pulled pages checked against the remote bytes.
         lbuf.zero_()
         lids, rids = new_tables()
@@ -211,7 +218,8 @@ def run(backend, args, record):
     record(backend=backend, remote_device=args.remote_device, layers=layers, pages_per_layer=pages,
            page_bytes=PAGE, matmul=f"[{args.tokens},{args.hidden}]x[{args.hidden},{args.hidden}] bf16",
            compute_only_ms=round(t_compute, 4), pull_only_graph_ms=round(t_pull, 4),
-           stream_ordered_graph_ms=round(t_step, 4), pulls_ahead_graph_ms=round(t_ahead, 4),
+           stream_ordered_graph_ms=round(t_step, 4), pulls_ahead_graph_ms=round(t_ahead, 4), lanes=args.lanes,
+           pulls_ahead_one_lane_graph_ms=round(t_ahead1, 4),
            overlap_ahead=round(overlap_ahead, 3), host_before_step_ms=round(t_host, 4),
            moriio_pattern_ms=round(t_moriio, 4), overlap=round(overlap, 3),
            host_before_over_stream_ordered=round(t_host / t_step, 3),
@@ -232,6 +240,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--lanes", type=int, default=4, help="PullsAhead side streams (layers in flight)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not torch.cuda.is_available():

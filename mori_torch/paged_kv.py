@@ -271,36 +271,46 @@ def pull_layer(handle: int, memory: torch.Tensor, table: LayerTable) -> None:
 
 
 class PullsAhead:
-    """A step's per-layer pulls, enqueued all at once on a side stream so
-    that later layers' pulls overlap earlier layers' compute (GPU memory).
+    """A step's per-layer pulls, enqueued all at once on side streams so that
+    later layers' pulls overlap earlier layers' compute (GPU memory).
 
-    ``start`` forks the side stream from the current stream (so the pulls
-    see everything enqueued before) and enqueues every layer's pull there in
-    the given order, recording one event per layer; ``wait(layer)`` makes
-    the current stream wait for that layer's pages only; ``finish`` joins
-    whatever was not waited for. All three are capturable: inside a CUDA
-    graph capture the side stream forks from and joins the capturing stream.
-    The tables must stay alive (and unchanged) until the pulls ran."""
+    ``start`` forks ``lanes`` side streams from the current stream (so the
+    pulls see everything enqueued before) and enqueues the layers' pulls on
+    them round robin, in the given order, recording one event per layer;
+    ``wait(layer)`` makes the current stream wait for that layer's pages only;
+    ``finish`` joins whatever was not waited for. Several lanes keep several
+    layers' pulls in flight at once: over TCP or RDMA a pull is a network
+    round trip, and one lane would serialize them. All three are capturable:
+    inside a CUDA graph capture the side streams fork from and join the
+    capturing stream. The tables must stay alive (and unchanged) until the
+    pulls ran."""
 
-    def __init__(self, device: Union[str, torch.device, None] = None):
-        self.stream = torch.cuda.Stream(device)
+    def __init__(self, device: Union[str, torch.device, None] = None, lanes: int = 4):
+        if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1:
+            raise ValueError(f"PullsAhead: lanes must be an int >= 1, got {lanes!r}")
+        self.streams = [torch.cuda.Stream(device) for _ in range(lanes)]
+        self.stream = self.streams[0]
         self._events: Dict[str, torch.cuda.Event] = {}
-        self._last: Optional[torch.cuda.Event] = None
+        self._lasts: Dict[int, torch.cuda.Event] = {}  # lane -> its last event not yet joined
 
     def start(self, pulls: Sequence[Tuple[int, torch.Tensor, Mapping[str, LayerTable]]],
               layers: Sequence[str]) -> None:
         """``pulls``: (session handle, local memory, layer -> LayerTable)
         per remote engine; ``layers``: the order the forward pass uses them."""
         self.finish()
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            for name in layers:
+        current = torch.cuda.current_stream(self.stream.device)
+        for i, name in enumerate(layers):
+            lane = i % len(self.streams)
+            stream = self.streams[lane]
+            if i < len(self.streams):
+                stream.wait_stream(current)
+            with torch.cuda.stream(stream):
                 for handle, memory, tables in pulls:
                     if name in tables:
                         pull_layer(handle, memory, tables[name])
                 ev = torch.cuda.Event()
-                ev.record(self.stream)
-                self._events[name] = self._last = ev
+                ev.record(stream)
+            self._events[name] = self._lasts[lane] = ev
 
     def wait(self, layer: str) -> bool:
         """The current stream waits for ``layer``'s pull; False if it was not started."""
@@ -308,17 +318,17 @@ class PullsAhead:
         if ev is None:
             return False
         torch.cuda.current_stream(self.stream.device).wait_event(ev)
-        if ev is self._last:  # the side stream's last work: everything is joined
-            self._events.clear()
-            self._last = None
+        if not self._events:  # every layer waited for: every lane is joined
+            self._lasts.clear()
         return True
 
     def finish(self) -> None:
-        """Joins the side stream's pulls that no layer waited for."""
-        if self._last is not None:
-            torch.cuda.current_stream(self.stream.device).wait_event(self._last)
+        """Joins the side streams' pulls that no layer waited for."""
+        current = torch.cuda.current_stream(self.stream.device)
+        for ev in self._lasts.values():
+            current.wait_event(ev)
         self._events.clear()
-        self._last = None
+        self._lasts.clear()
 
 
 def _as_ids(name: str, ids: BlockIds, limit: int) -> torch.Tensor:

@@ -62,8 +62,7 @@ const std::vector<Entry>& Rows() {
            "Profiler ranges (NVTX on CUDA, roctx on ROCm) around transfers and ops, as IOEngineConfig(nvtx=True)."),
       Bool(E, "MORI_TORCH_STATS", true,
            "Transfer counters (IOEngine.stats()); 0 switches them off, to measure what they cost."),
-      Text(E, "MORI_TORCH_LIBCRYPTO", "libcrypto.so.3",
-           "OpenSSL 3 libcrypto to load for the shared-secret handshake."),
+      Text(E, "MORI_TORCH_LIBCRYPTO", "libcrypto.so.3", "OpenSSL 3 libcrypto to load for the shared-secret handshake."),
       // Environment: GPU streams and staging.
       Choice(E, "MORI_TORCH_STREAM_FLAGS", 0, "auto,spin",
              "Stream-ordered ops: 'spin' forces spin kernels instead of the driver's stream memory operations."),
@@ -195,8 +194,7 @@ std::vector<std::string> ChoiceNames(const Entry& e) {
 }
 
 int64_t ParseInt(const Entry& e, const char* v) {
-  const std::string want =
-      "an integer in [" + std::to_string(e.min) + ", " + std::to_string(e.max) + "]";
+  const std::string want = "an integer in [" + std::to_string(e.min) + ", " + std::to_string(e.max) + "]";
   errno = 0;
   char* end = nullptr;
   const long long n = std::strtoll(v, &end, 10);
@@ -287,13 +285,13 @@ int64_t Value(const std::map<std::string, int64_t>& given, const char* scope, co
   auto it = given.find(key);
   const int64_t v = it == given.end() ? e.def : it->second;
   const int64_t min = e.kind == Kind::Int ? e.min : 0;
-  const int64_t max = e.kind == Kind::Int ? e.max
+  const int64_t max = e.kind == Kind::Int    ? e.max
                       : e.kind == Kind::Bool ? 1
                                              : static_cast<int64_t>(ChoiceNames(e).size()) - 1;
   if (v < min || v > max) {
     throw Error(StatusCode::ERR_INVALID_ARGS, std::string(scope) + " config: " + key + "=" + std::to_string(v) +
-                                                  " out of range [" + std::to_string(min) + ", " +
-                                                  std::to_string(max) + "]");
+                                                  " out of range [" + std::to_string(min) + ", " + std::to_string(max) +
+                                                  "]");
   }
   return v;
 }

@@ -3,6 +3,7 @@
 // its errno. Code decides on these fields, never on message text.
 #pragma once
 
+#include <cerrno>
 #include <stdexcept>
 #include <string>
 
@@ -44,8 +45,7 @@ class Error : public std::runtime_error {
   Error(StatusCode code, const std::string& msg, int sys_errno = 0, ErrorCause cause = ErrorCause::kUnspecified)
       : std::runtime_error(msg), code_(code), sys_errno_(sys_errno), cause_(cause) {}
   // The same error with `context` put in front of its message.
-  Error(const std::string& context, const Error& e)
-      : Error(e.code(), context + e.what(), e.sys_errno(), e.cause()) {}
+  Error(const std::string& context, const Error& e) : Error(e.code(), context + e.what(), e.sys_errno(), e.cause()) {}
   StatusCode code() const { return code_; }
   int sys_errno() const { return sys_errno_; }
   ErrorCause cause() const { return cause_; }
@@ -55,5 +55,14 @@ class Error : public std::runtime_error {
   int sys_errno_;
   ErrorCause cause_;
 };
+
+// True if `e` (thrown while opening or using a connection) is the path's
+// fault: reset or aborted while connecting or mid-handshake. A fresh
+// connection may work. Refused (nobody listens), timeouts, auth and "engine
+// restarted" are not.
+inline bool IsPathError(const Error& e) {
+  return e.cause() == ErrorCause::kPathFailed || e.sys_errno() == ECONNRESET || e.sys_errno() == ECONNABORTED ||
+         e.sys_errno() == EPIPE;
+}
 
 }  // namespace mori_torch

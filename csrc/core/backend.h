@@ -109,8 +109,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual BackendType Type() const = 0;
-  virtual bool CanServe(const MemoryDesc& local, const MemoryDesc& remote,
-                        const EngineDesc& remote_engine) const = 0;
+  virtual bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const = 0;
   // Returns the cached peer for `remote`, creating it on first use.
   virtual std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) = 0;
   // Drops the peer: its in-flight transfers end with an error whose

@@ -13,9 +13,9 @@
 namespace mori_torch {
 
 struct ConnectionCaps {
-  int max_connections = 1024;         // inbound, whole engine
-  int max_handshaking_per_ip = 64;    // accepted, not yet through the Hello
-  int max_connections_per_peer = 192; // per peer engine key (data + control)
+  int max_connections = 1024;          // inbound, whole engine
+  int max_handshaking_per_ip = 64;     // accepted, not yet through the Hello
+  int max_connections_per_peer = 192;  // per peer engine key (data + control)
 };
 
 class ConnectionLimits;
@@ -29,7 +29,8 @@ class ConnectionTicket {
 
  private:
   friend class ConnectionLimits;
-  ConnectionTicket(std::shared_ptr<ConnectionLimits> owner, std::string ip) : owner_(std::move(owner)), ip_(std::move(ip)) {}
+  ConnectionTicket(std::shared_ptr<ConnectionLimits> owner, std::string ip)
+      : owner_(std::move(owner)), ip_(std::move(ip)) {}
   std::shared_ptr<ConnectionLimits> owner_;
   std::string ip_;
   std::string peer_;  // "" while handshaking

@@ -7,13 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/byte_io.h"
 #include "core/logging.h"
-#include "core/thread_name.h"
 #include "core/memory_registry.h"
+#include "core/thread_name.h"
 
 namespace mori_torch {
 namespace {
@@ -55,7 +56,8 @@ std::vector<uint8_t> EncodeHello(ConnectionKind kind, uint8_t backend, const Eng
 
 Hello DecodeHello(const Frame& f) {
   if (f.type != FrameType::Hello) {
-    throw Error(StatusCode::ERR_INVALID_ARGS, "expected Hello, got frame type " + std::to_string(static_cast<int>(f.type)));
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                "expected Hello, got frame type " + std::to_string(static_cast<int>(f.type)));
   }
   ByteReader rd(f.payload.data(), f.payload.size(), "Hello frame");
   Hello h;
@@ -183,7 +185,7 @@ void ControlPlaneServer::OnAcceptable(uint32_t) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
     if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
       MORI_LOG(Error, "control plane: out of file descriptors (" << std::strerror(errno)
-                                                                  << "); dropping new connections until some are free");
+                                                                 << "); dropping new connections until some are free");
       if (!DropOnePending()) {
         accept_paused_.store(true);  // Housekeeping re-arms the listener
         return;
@@ -239,9 +241,8 @@ void ControlPlaneServer::CloseConn(const ConnPtr& c, const std::string& why) {
     conns_.erase(it);
   }
   if (!why.empty()) {
-    MORI_LOG(Warning, "control plane: closing connection from " << c->ticket->ip()
-                                                                 << (c->peer.key.empty() ? "" : " ('" + c->peer.key + "')")
-                                                                 << ": " << why);
+    MORI_LOG(Warning, "control plane: closing connection from "
+                          << c->ticket->ip() << (c->peer.key.empty() ? "" : " ('" + c->peer.key + "')") << ": " << why);
   }
   loop_->Remove(c->sock.fd());
   c->sock.Shutdown();  // the fd itself closes with the last reference to c
@@ -253,7 +254,8 @@ void ControlPlaneServer::OnConnEvent(const ConnPtr& c, uint32_t events) {
     if (c->stage == Stage::kAuth) {
       return CloseConn(c, "no authentication proof within " + std::to_string(opts_.hello_timeout_ms) + " ms");
     }
-    if (c->stage == Stage::kHello) return CloseConn(c, "no Hello within " + std::to_string(opts_.hello_timeout_ms) + " ms");
+    if (c->stage == Stage::kHello)
+      return CloseConn(c, "no Hello within " + std::to_string(opts_.hello_timeout_ms) + " ms");
     MORI_LOG(Info, "control plane: closing idle connection from '" << c->peer.key << "'");
     return CloseConn(c, "");
   }
@@ -341,7 +343,7 @@ bool ControlPlaneServer::EstablishConnection(const ConnPtr& c, const Frame& hell
 
 bool ControlPlaneServer::Refuse(const ConnPtr& c, StatusCode code, const std::string& why) {
   MORI_LOG(Warning, "control plane: refused connection from " << c->ticket->ip() << " claiming to be '" << c->peer.key
-                                                               << "': " << why);
+                                                              << "': " << why);
   WriteFrame(c->sock.fd(), FrameType::Error, EncodeErrorPayload(code, why), opts_.frame_timeout_ms);
   return false;
 }
@@ -446,17 +448,19 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   }
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
   if (reply.type == FrameType::AuthChallenge) {
-    throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine requires authentication and this engine '" +
-                                               self.key + "' has no secret: set the same secret on both "
+    throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine requires authentication and this engine '" + self.key +
+                                               "' has no secret: set the same secret on both "
                                                "(IOEngineConfig(secret=...) or MORI_TORCH_SECRET)");
   }
   if (hs && !proved && reply.type == FrameType::HelloAck) {
-    throw Error(StatusCode::ERR_BAD_STATE, where + ": the engine did not authenticate (it has no secret), and "
-                                               "this engine '" + self.key + "' requires it");
+    throw Error(StatusCode::ERR_BAD_STATE, where +
+                                               ": the engine did not authenticate (it has no secret), and "
+                                               "this engine '" +
+                                               self.key + "' requires it");
   }
   if (reply.type != FrameType::HelloAck) {
-    throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: unexpected reply type " +
-                                               std::to_string(static_cast<int>(reply.type)));
+    throw Error(StatusCode::ERR_BAD_STATE,
+                where + ": handshake failed: unexpected reply type " + std::to_string(static_cast<int>(reply.type)));
   }
   EngineDesc server = EngineDesc::Unpack(reply.payload.data(), reply.payload.size());
   if (server.key != remote.key) {
@@ -474,16 +478,29 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
 Frame ControlClient::Call(FrameType type, const std::vector<uint8_t>& payload) {
   std::lock_guard<std::mutex> lk(mu_);
   const std::string where = "engine '" + remote_.key + "'";
-  // The whole call, a reconnect included, is bounded by one timeout: a hung
-  // peer costs timeout_ms, not a multiple of it.
+  // The whole call, reconnects included, is bounded by one timeout: a hung
+  // peer costs timeout_ms, not a multiple of it. Control requests are
+  // idempotent lookups, so a connection that broke (a stale one after a peer
+  // restart, or one reset mid-handshake by a flaky path) is retried on a
+  // fresh one, a few times with a short backoff.
+  constexpr int kAttempts = 4;
   const Deadline deadline = DeadlineAfterMs(timeout_ms_);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (attempt == 1 && MsLeft(deadline) <= 1) {
-      throw Error(StatusCode::ERR_BAD_STATE, where + ": control request failed: timed out after " +
-                                                 std::to_string(timeout_ms_) + " ms");
+  int64_t backoff_ms = 2;
+  std::string last_error = "timed out after " + std::to_string(timeout_ms_) + " ms";
+  bool timed_out = true;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    if (attempt > 0) {
+      if (MsLeft(deadline) <= backoff_ms + 1) break;
+      if (attempt > 1) std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      backoff_ms *= 4;
     }
     if (!sock_.valid()) {
-      sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, MsLeft(deadline), secret_);
+      try {
+        sock_ = OpenEngineConnection(self_, remote_, ConnectionKind::Control, 0, MsLeft(deadline), secret_);
+      } catch (const Error& e) {
+        if (!IsPathError(e) || attempt + 1 == kAttempts) throw;
+        continue;
+      }
     }
     Frame reply;
     IoResult r = WriteFrame(sock_.fd(), type, payload, MsLeft(deadline));
@@ -492,10 +509,13 @@ Frame ControlClient::Call(FrameType type, const std::vector<uint8_t>& payload) {
       if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);
       return reply;
     }
-    sock_.Close();  // a stale connection (peer restarted): retry once on a new one
-    if (attempt == 1) throw Error(StatusCode::ERR_BAD_STATE, where + ": control request failed: " + r.error);
+    sock_.Close();
+    last_error = r.error;
+    timed_out = r.timed_out;
+    if (timed_out) break;
   }
-  throw Error(StatusCode::ERR_BAD_STATE, where + ": unreachable");
+  throw Error(StatusCode::ERR_BAD_STATE, where + ": control request failed: " + last_error, 0,
+              timed_out ? ErrorCause::kUnspecified : ErrorCause::kPathFailed);
 }
 
 void ControlClient::Close() {

@@ -34,8 +34,8 @@ const Api& Lib() {
     void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
       const char* e = dlerror();
-      a.error = std::string("cannot load ") + name + " (install OpenSSL 3's libcrypto, e.g. Debian's libssl3): " +
-                (e ? e : "unknown error");
+      a.error = std::string("cannot load ") + name +
+                " (install OpenSSL 3's libcrypto, e.g. Debian's libssl3): " + (e ? e : "unknown error");
       return a;
     }
     a.evp_sha256 = reinterpret_cast<decltype(a.evp_sha256)>(dlsym(lib, "EVP_sha256"));

@@ -108,8 +108,8 @@ MemoryDesc MemoryDesc::Unpack(const uint8_t* data, size_t size) {
   d.size = r.Get<uint64_t>("size");
   int32_t loc = r.Get<int32_t>("loc");
   if (loc < 0 || loc > 2) {
-    throw Error(StatusCode::ERR_INVALID_ARGS, "MemoryDesc.unpack: memory location " + std::to_string(loc) +
-                                                  " is not one of Unknown=0, CPU=1, GPU=2");
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                "MemoryDesc.unpack: memory location " + std::to_string(loc) + " is not one of Unknown=0, CPU=1, GPU=2");
   }
   d.loc = static_cast<MemoryLocationType>(loc);
   r.GetBytes(d.ipc_handle.data(), d.ipc_handle.size(), "ipc_handle");
@@ -127,8 +127,8 @@ MemoryDesc MemoryDesc::Unpack(const uint8_t* data, size_t size) {
 
 bool MemoryDesc::operator==(const MemoryDesc& o) const {
   return engine_key == o.engine_key && id == o.id && device_id == o.device_id && device_bus_id == o.device_bus_id &&
-         data == o.data && size == o.size && loc == o.loc && ipc_handle == o.ipc_handle &&
-         ipc_offset == o.ipc_offset && numa_node == o.numa_node && incarnation == o.incarnation && token == o.token;
+         data == o.data && size == o.size && loc == o.loc && ipc_handle == o.ipc_handle && ipc_offset == o.ipc_offset &&
+         numa_node == o.numa_node && incarnation == o.incarnation && token == o.token;
 }
 
 std::string LocalHostname() {

@@ -48,7 +48,7 @@ struct MemoryDesc {
   uint64_t size = 0;
   MemoryLocationType loc = MemoryLocationType::Unknown;
   std::array<uint8_t, kIpcHandleBytes> ipc_handle{};  // of the allocation base
-  uint64_t ipc_offset = 0;    // offset of `data` inside that allocation
+  uint64_t ipc_offset = 0;                            // offset of `data` inside that allocation
   int32_t numa_node = -1;
   Incarnation incarnation = 0;  // of the owning engine
   MemoryToken token{};          // checked by the owner on every access

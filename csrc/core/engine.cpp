@@ -86,11 +86,12 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   server_ = std::make_unique<ControlPlaneServer>(this, cfg_.control, loop_.get());
   desc_.port = server_->Start(desc_.host, cfg.port);
   MORI_LOG(Info, "engine '" << key << "' listening on " << desc_.host << ":" << desc_.port
-                             << (cfg_.secret.empty() ? "" : " (peers must prove the shared secret)"));
+                            << (cfg_.secret.empty() ? "" : " (peers must prove the shared secret)"));
   if (cfg_.secret.empty() && !IsLoopbackHost(desc_.host)) {
-    MORI_LOG(Warning, "engine '" << key << "' listens on " << desc_.host << ":" << desc_.port
-                                 << " without a secret: anyone who can reach it can read and write the memory "
-                                    "it registers; set IOEngineConfig(secret=...) or MORI_TORCH_SECRET on every engine");
+    MORI_LOG(Warning,
+             "engine '" << key << "' listens on " << desc_.host << ":" << desc_.port
+                        << " without a secret: anyone who can reach it can read and write the memory "
+                           "it registers; set IOEngineConfig(secret=...) or MORI_TORCH_SECRET on every engine");
   }
 }
 
@@ -119,7 +120,8 @@ void Engine::Shutdown() {
 }
 
 void Engine::CheckAlive(const char* what) const {
-  if (shut_down_.load()) throw Error(StatusCode::ERR_BAD_STATE, std::string(what) + ": engine '" + desc_.key + "' is shut down");
+  if (shut_down_.load())
+    throw Error(StatusCode::ERR_BAD_STATE, std::string(what) + ": engine '" + desc_.key + "' is shut down");
 }
 
 std::shared_ptr<Backend> Engine::BackendOf(BackendType type) const {
@@ -144,8 +146,8 @@ void Engine::CreateBackend(BackendType type, const BackendConfig& config) {
   std::unique_lock<std::shared_mutex> lk(backends_mu_);
   auto& slot = backends_[static_cast<int>(type)];
   if (slot) {
-    MORI_LOG(Warning, "create_backend: backend " << BackendTypeName(type) << " already exists on engine '"
-                                                 << desc_.key << "'; keeping it");
+    MORI_LOG(Warning, "create_backend: backend " << BackendTypeName(type) << " already exists on engine '" << desc_.key
+                                                 << "'; keeping it");
     return;
   }
   slot = MakeBackend(type, config, ctx_);
@@ -185,8 +187,7 @@ void Engine::DeregisterRemoteEngine(const EngineDesc& desc, const std::string& r
   {
     std::unique_lock<std::shared_mutex> lk(remotes_mu_);
     if (remotes_.erase(desc.key) == 0) {
-      throw Error(StatusCode::ERR_NOT_FOUND,
-                  "deregister_remote_engine: engine '" + desc.key + "' is not registered");
+      throw Error(StatusCode::ERR_NOT_FOUND, "deregister_remote_engine: engine '" + desc.key + "' is not registered");
     }
     control_clients_.erase(desc.key);
   }
@@ -246,8 +247,8 @@ void Engine::DeregisterMemory(const MemoryDesc& desc) {
   CheckAlive("deregister_memory");
   if (desc.engine_key != desc_.key) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "deregister_memory: memory " + std::to_string(desc.id) +
-                                                  " belongs to engine '" + desc.engine_key + "', not '" +
-                                                  desc_.key + "'");
+                                                  " belongs to engine '" + desc.engine_key + "', not '" + desc_.key +
+                                                  "'");
   }
   auto m = memory_.Find(desc.id, desc.token);
   if (!m || m->desc.data != desc.data || m->desc.size != desc.size) {
@@ -275,7 +276,8 @@ std::shared_ptr<ControlClient> Engine::ClientFor(const std::string& engine_key) 
 void Engine::LookupRemoteMemory(const MemoryDesc& desc, FrameType type) {
   Frame reply = ClientFor(desc.engine_key)->Call(type, EncodeMemoryRef(desc));
   if (reply.type != FrameType::MemLookupReply) {
-    throw Error(StatusCode::ERR_BAD_STATE, "engine '" + desc.engine_key + "' answered a memory lookup with frame type " +
+    throw Error(StatusCode::ERR_BAD_STATE, "engine '" + desc.engine_key +
+                                               "' answered a memory lookup with frame type " +
                                                std::to_string(static_cast<int>(reply.type)));
   }
   MemoryDesc there = MemoryDesc::Unpack(reply.payload.data(), reply.payload.size());
@@ -317,8 +319,7 @@ StatusCode Engine::Resolve(const MemoryDesc& local, const MemoryDesc& remote, Ro
   return PickPath(local, remote, &route->path, msg);
 }
 
-StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path,
-                            std::string* msg) {
+StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg) {
   if (shut_down_.load()) {
     *msg = "engine '" + desc_.key + "' is shut down";
     return StatusCode::ERR_BAD_STATE;

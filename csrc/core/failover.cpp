@@ -38,8 +38,7 @@ void PathHealth::Failed(const std::string& peer, BackendType backend, const std:
   if (p.strikes > 0 && now - p.last_failure > std::chrono::milliseconds(policy_.stable_ms)) p.strikes = 0;
   p.strikes = std::min(p.strikes + 1, 40);
   p.last_failure = now;
-  const int64_t pause =
-      std::min<int64_t>(policy_.probe_max_ms, policy_.probe_ms << std::min(p.strikes - 1, 20));
+  const int64_t pause = std::min<int64_t>(policy_.probe_max_ms, policy_.probe_ms << std::min(p.strikes - 1, 20));
   p.next_probe = now + std::chrono::milliseconds(pause);
   p.probing = false;
   if (p.down) return;  // a failed probe: only the pause grows
@@ -48,8 +47,8 @@ void PathHealth::Failed(const std::string& peer, BackendType backend, const std:
   ++stats_.failovers;
   down_.fetch_add(1, std::memory_order_acq_rel);
   generation_.fetch_add(1, std::memory_order_acq_rel);
-  MORI_LOG(Warning, "failover: the " << BackendTypeName(backend) << " path to engine '" << peer << "' failed ("
-                                     << why << "); the next capable backend takes its transfers; probing "
+  MORI_LOG(Warning, "failover: the " << BackendTypeName(backend) << " path to engine '" << peer << "' failed (" << why
+                                     << "); the next capable backend takes its transfers; probing "
                                      << BackendTypeName(backend) << " again in " << pause << " ms");
 }
 

@@ -29,10 +29,10 @@ struct FailoverPolicy {
 };
 
 struct FailoverStats {
-  uint64_t failovers = 0;  // switches away from a failed backend
-  uint64_t returns = 0;    // switches back to it once a probe succeeded
-  uint64_t probes = 0;     // transfers let through to a down path
-  uint64_t paths_down = 0; // (peer, backend) paths down now
+  uint64_t failovers = 0;   // switches away from a failed backend
+  uint64_t returns = 0;     // switches back to it once a probe succeeded
+  uint64_t probes = 0;      // transfers let through to a down path
+  uint64_t paths_down = 0;  // (peer, backend) paths down now
 };
 
 class PathHealth {

@@ -27,9 +27,12 @@ namespace {
 
 bool ParseLevel(std::string s, LogLevel* out) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  static const struct { const char* name; LogLevel level; } kLevels[] = {
-      {"trace", LogLevel::Trace}, {"debug", LogLevel::Debug},     {"info", LogLevel::Info},
-      {"warning", LogLevel::Warning}, {"warn", LogLevel::Warning}, {"error", LogLevel::Error},
+  static const struct {
+    const char* name;
+    LogLevel level;
+  } kLevels[] = {
+      {"trace", LogLevel::Trace},       {"debug", LogLevel::Debug},  {"info", LogLevel::Info},
+      {"warning", LogLevel::Warning},   {"warn", LogLevel::Warning}, {"error", LogLevel::Error},
       {"critical", LogLevel::Critical}, {"off", LogLevel::Off},
   };
   for (const auto& l : kLevels) {
@@ -275,11 +278,22 @@ LogOrigin::LogOrigin(const char* path) : subsystem(0), file(path) {
   if (csrc != std::string::npos) file = path + csrc + 5;
   const std::string rel = file;
   // The first matching prefix names the subsystem; the rest of core is "core".
-  static const struct { const char* prefix; const char* subsystem; } kMap[] = {
-      {"backends/tcp/", "tcp"},         {"backends/rdma/", "rdma"},       {"backends/xgmi/", "xgmi"},
-      {"stream/", "stream"},             {"gpu/", "gpu"},                   {"torch/", "torch"},
-      {"core/engine", "engine"},         {"core/session", "engine"},        {"core/control_plane", "ctrl"},
-      {"core/peer_auth", "ctrl"},        {"core/connection_limits", "ctrl"}, {"core/frame", "ctrl"},
+  static const struct {
+    const char* prefix;
+    const char* subsystem;
+  } kMap[] = {
+      {"backends/tcp/", "tcp"},
+      {"backends/rdma/", "rdma"},
+      {"backends/xgmi/", "xgmi"},
+      {"stream/", "stream"},
+      {"gpu/", "gpu"},
+      {"torch/", "torch"},
+      {"core/engine", "engine"},
+      {"core/session", "engine"},
+      {"core/control_plane", "ctrl"},
+      {"core/peer_auth", "ctrl"},
+      {"core/connection_limits", "ctrl"},
+      {"core/frame", "ctrl"},
       {"core/event_loop", "loop"},
   };
   for (const auto& m : kMap) {
@@ -317,7 +331,8 @@ void SetLogLevel(const std::string& spec) {
     throw Error(StatusCode::ERR_INVALID_ARGS,
                 "set_log_level: " + bad + " in '" + spec +
                     "' (expected a level: trace, debug, info, warning, error, critical or off, and/or "
-                    "subsystem=level pairs, comma-separated; subsystems: " + names + ")");
+                    "subsystem=level pairs, comma-separated; subsystems: " +
+                    names + ")");
   }
   for (int i = 0; i < kLogSubsystems; ++i) LevelStore().by_subsystem[i].store(levels[i]);
 }
@@ -371,15 +386,16 @@ void LogLine(LogLevel level, const LogOrigin& origin, int line, const std::strin
   r.thread = ThisThreadName();
   r.file = origin.file;
   r.line = line;
-  r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::system_clock::now().time_since_epoch())
+  r.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
                   .count();
   r.msg = msg;
   LogSink::Get().Push(std::move(r));
 }
 
 void RouteLogToReader(bool routed) { LogSink::Get().Route(routed); }
-std::vector<LogRecord> DrainLog(size_t max_lines, int timeout_ms) { return LogSink::Get().Drain(max_lines, timeout_ms); }
+std::vector<LogRecord> DrainLog(size_t max_lines, int timeout_ms) {
+  return LogSink::Get().Drain(max_lines, timeout_ms);
+}
 
 uint64_t LogLinesDropped() { return LogSink::Get().dropped_.load(); }
 uint64_t LogLinesSuppressed() { return LogSink::Get().suppressed_.load(); }

@@ -122,21 +122,20 @@ class LogStream {
 
 }  // namespace mori_torch
 
-#define MORI_LOG(lvl, expr)                                                            \
-  do {                                                                                 \
-    static const ::mori_torch::LogOrigin mori_log_origin_(__FILE__);                   \
-    if (static_cast<int>(::mori_torch::LogLevel::lvl) >=                               \
-        static_cast<int>(::mori_torch::GetLogLevel(mori_log_origin_.subsystem))) {     \
-      static ::mori_torch::LogSite mori_log_site_;                                     \
-      uint64_t mori_log_suppressed_ = 0;                                               \
-      if (mori_log_site_.Allow(&mori_log_suppressed_)) {                               \
-        ::mori_torch::LogStream mori_log_os_;                                          \
-        mori_log_os_ << expr;                                                          \
-        if (mori_log_suppressed_) {                                                    \
-          mori_log_os_ << " [" << mori_log_suppressed_ << " similar line(s) suppressed]"; \
-        }                                                                              \
-        ::mori_torch::LogLine(::mori_torch::LogLevel::lvl, mori_log_origin_, __LINE__,  \
-                              mori_log_os_.str());                                     \
-      }                                                                                \
-    }                                                                                  \
+#define MORI_LOG(lvl, expr)                                                                                 \
+  do {                                                                                                      \
+    static const ::mori_torch::LogOrigin mori_log_origin_(__FILE__);                                        \
+    if (static_cast<int>(::mori_torch::LogLevel::lvl) >=                                                    \
+        static_cast<int>(::mori_torch::GetLogLevel(mori_log_origin_.subsystem))) {                          \
+      static ::mori_torch::LogSite mori_log_site_;                                                          \
+      uint64_t mori_log_suppressed_ = 0;                                                                    \
+      if (mori_log_site_.Allow(&mori_log_suppressed_)) {                                                    \
+        ::mori_torch::LogStream mori_log_os_;                                                               \
+        mori_log_os_ << expr;                                                                               \
+        if (mori_log_suppressed_) {                                                                         \
+          mori_log_os_ << " [" << mori_log_suppressed_ << " similar line(s) suppressed]";                   \
+        }                                                                                                   \
+        ::mori_torch::LogLine(::mori_torch::LogLevel::lvl, mori_log_origin_, __LINE__, mori_log_os_.str()); \
+      }                                                                                                     \
+    }                                                                                                       \
   } while (0)

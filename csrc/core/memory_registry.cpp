@@ -70,8 +70,8 @@ std::shared_ptr<LocalMemory> MemoryRegistry::Find(MemoryId id, const MemoryToken
   return m;
 }
 
-std::shared_ptr<LocalMemory> MemoryRegistry::FindForPeer(MemoryId id, Incarnation incarnation,
-                                                         const MemoryToken& token, std::string* msg) const {
+std::shared_ptr<LocalMemory> MemoryRegistry::FindForPeer(MemoryId id, Incarnation incarnation, const MemoryToken& token,
+                                                         std::string* msg) const {
   if (incarnation != owner_incarnation_) {
     *msg = EngineRestartedMessage(owner_key_, incarnation, owner_incarnation_);
     return nullptr;

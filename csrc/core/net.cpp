@@ -10,8 +10,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <climits>
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "core/types.h"
@@ -60,8 +60,7 @@ addrinfo* Resolve(const std::string& host, int port, bool passive) {
   std::string service = std::to_string(port);
   int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
   if (rc != 0) {
-    throw Error(StatusCode::ERR_INVALID_ARGS,
-                "cannot resolve host '" + host + "': " + std::string(gai_strerror(rc)));
+    throw Error(StatusCode::ERR_INVALID_ARGS, "cannot resolve host '" + host + "': " + std::string(gai_strerror(rc)));
   }
   return res;
 }
@@ -148,8 +147,7 @@ Socket Listen(const std::string& host, int port, int* bound_port) {
   int err = errno;
   freeaddrinfo(res);
   if (rc != 0) {
-    throw Error(StatusCode::ERR_BAD_STATE,
-                "cannot bind " + host + ":" + std::to_string(port) + ": " + Errno(err));
+    throw Error(StatusCode::ERR_BAD_STATE, "cannot bind " + host + ":" + std::to_string(port) + ": " + Errno(err));
   }
   if (::listen(s.fd(), 512) != 0) throw Error(StatusCode::ERR_BAD_STATE, "listen: " + Errno(errno));
   sockaddr_in addr{};
@@ -214,9 +212,7 @@ bool ReadableNow(int fd) {
   return ::poll(&p, 1, 0) > 0;
 }
 
-bool WaitReadable(int fd, int timeout_ms) {
-  return PollFor(fd, POLLIN, DeadlineAfterMs(timeout_ms)).ok;
-}
+bool WaitReadable(int fd, int timeout_ms) { return PollFor(fd, POLLIN, DeadlineAfterMs(timeout_ms)).ok; }
 
 IoResult ReadFull(int fd, void* buf, size_t n, const IoDeadline& deadline) {
   std::vector<iovec> iov{{buf, n}};
@@ -229,8 +225,8 @@ IoResult WriteFull(int fd, const void* buf, size_t n, const IoDeadline& deadline
 }
 
 IoResult ReadVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
-  return VecLoop(fd, iov, deadline, POLLIN,
-                 [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, "recvmsg");
+  return VecLoop(
+      fd, iov, deadline, POLLIN, [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, "recvmsg");
 }
 
 bool PeerAbandoned(int fd) {
@@ -239,20 +235,22 @@ bool PeerAbandoned(int fd) {
 }
 
 IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
-  return VecLoop(fd, iov, deadline, POLLIN,
-                 [](int f, msghdr* m) -> ssize_t {
-                   if (PeerAbandoned(f)) {
-                     errno = ECONNABORTED;
-                     return -1;
-                   }
-                   return ::recvmsg(f, m, MSG_DONTWAIT);
-                 },
-                 "fenced receive (the peer abandoned the connection; nothing more is written)");
+  return VecLoop(
+      fd, iov, deadline, POLLIN,
+      [](int f, msghdr* m) -> ssize_t {
+        if (PeerAbandoned(f)) {
+          errno = ECONNABORTED;
+          return -1;
+        }
+        return ::recvmsg(f, m, MSG_DONTWAIT);
+      },
+      "fenced receive (the peer abandoned the connection; nothing more is written)");
 }
 
 IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
-  return VecLoop(fd, iov, deadline, POLLOUT,
-                 [](int f, msghdr* m) { return ::sendmsg(f, m, MSG_DONTWAIT | MSG_NOSIGNAL); }, "sendmsg");
+  return VecLoop(
+      fd, iov, deadline, POLLOUT, [](int f, msghdr* m) { return ::sendmsg(f, m, MSG_DONTWAIT | MSG_NOSIGNAL); },
+      "sendmsg");
 }
 
 IoResult Discard(int fd, uint64_t n, const IoDeadline& deadline) {

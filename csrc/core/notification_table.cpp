@@ -4,8 +4,8 @@
 
 namespace mori_torch {
 
-void NotificationTable::Arrive(const std::string& initiator, TransferUid uid, uint32_t parts_total,
-                               uint32_t part_index, uint16_t attempt) {
+void NotificationTable::Arrive(const std::string& initiator, TransferUid uid, uint32_t parts_total, uint32_t part_index,
+                               uint16_t attempt) {
   std::lock_guard<std::mutex> lk(mu_);
   Entry& e = table_[initiator][uid];
   if (e.popped) {
@@ -71,8 +71,8 @@ void NotificationTable::EvictPartial() {
     if (it->second.empty()) table_.erase(it);
     --partial_;
     ++dropped_;
-    MORI_LOG(Warning, "notice table: too many unfinished transfers; dropped (" << old.first << ", " << old.second
-                                                                               << ")");
+    MORI_LOG(Warning,
+             "notice table: too many unfinished transfers; dropped (" << old.first << ", " << old.second << ")");
   }
   // Records of transfers that completed since keep the queue from shrinking:
   // drop those from the front.

@@ -22,8 +22,7 @@ class NotificationTable {
   // Bounds: completed notices nobody popped, and transfers with some parts
   // arrived (a peer can claim any number of parts). Past either, the oldest
   // entry is evicted and counted in Dropped().
-  explicit NotificationTable(size_t max_completed = 1 << 20, size_t max_partial = 1 << 16,
-                             size_t max_popped = 1 << 16)
+  explicit NotificationTable(size_t max_completed = 1 << 20, size_t max_partial = 1 << 16, size_t max_popped = 1 << 16)
       : max_completed_(max_completed), max_partial_(max_partial), max_popped_(max_popped) {}
 
   // Parts with an index below this are counted once each; others (and
@@ -35,8 +34,8 @@ class NotificationTable {
   // the transfer has `parts_total` parts in all. `attempt` > 0: the part
   // belongs to a retry of the transfer, whose parts may differ from the
   // earlier attempt's (another backend).
-  void Arrive(const std::string& initiator, TransferUid uid, uint32_t parts_total,
-              uint32_t part_index = kUnindexed, uint16_t attempt = 0);
+  void Arrive(const std::string& initiator, TransferUid uid, uint32_t parts_total, uint32_t part_index = kUnindexed,
+              uint16_t attempt = 0);
   // True once, when every part of (initiator, uid) has arrived; consumes it.
   bool Pop(const std::string& initiator, TransferUid uid);
   size_t CompletedCount() const;

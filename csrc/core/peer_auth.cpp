@@ -132,7 +132,8 @@ std::string ClientHandshake::VerifyChallenge(const std::vector<uint8_t>& hello, 
   if (!crypto::ConstantTimeEqual(got.data(), want.data(), want.size())) {
     transcript_.clear();
     return "the server's proof does not match this engine's secret (wrong secret on one side, or an engine other "
-           "than '" + server_key_ + "' listens there)";
+           "than '" +
+           server_key_ + "' listens there)";
   }
   return "";
 }

@@ -9,7 +9,7 @@ namespace mori_torch {
 // One transfer across its attempts.
 struct RetryDriver::Transfer {
   std::weak_ptr<RetryDriver> driver;
-  TransferOp op;  // the attempt template: everything but `attempt` stays
+  TransferOp op;                               // the attempt template: everything but `attempt` stays
   BackendType backend = BackendType::Unknown;  // of the current attempt
   std::string peer_key;
   bool alternative = false;

@@ -27,14 +27,6 @@
 
 namespace mori_torch {
 
-// True if `e` (thrown while opening a connection) is the path's fault: reset
-// or aborted while connecting or mid-handshake. Refused (nobody listens),
-// timeouts, auth and "engine restarted" are not.
-inline bool IsPathError(const Error& e) {
-  return e.cause() == ErrorCause::kPathFailed || e.sys_errno() == ECONNRESET || e.sys_errno() == ECONNABORTED ||
-         e.sys_errno() == EPIPE;
-}
-
 struct RetryPolicy {
   bool enabled = true;
   int max_attempts = 4;       // attempts in all, the first included
@@ -46,22 +38,22 @@ struct RetryPolicy {
 struct TransferPath {
   std::shared_ptr<Backend> backend;
   std::shared_ptr<BackendPeer> peer;
-  std::string peer_key;      // the remote engine
-  bool alternative = false;  // another capable backend could serve the pair
+  std::string peer_key;                        // the remote engine
+  bool alternative = false;                    // another capable backend could serve the pair
   std::shared_ptr<TransferCounters> counters;  // of (remote engine, this backend)
 };
 
 struct RetryStats {
-  uint64_t retries = 0;        // attempts after the first
-  uint64_t recovered = 0;      // transfers that succeeded after a retry
-  uint64_t exhausted = 0;      // transfers that failed after every attempt
+  uint64_t retries = 0;    // attempts after the first
+  uint64_t recovered = 0;  // transfers that succeeded after a retry
+  uint64_t exhausted = 0;  // transfers that failed after every attempt
 };
 
 class RetryDriver : public std::enable_shared_from_this<RetryDriver> {
  public:
   // Picks the path of an attempt; SUCCESS or an error code with *msg.
-  using Router =
-      std::function<StatusCode(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg)>;
+  using Router = std::function<StatusCode(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path,
+                                          std::string* msg)>;
 
   RetryDriver(RetryPolicy retry, FailoverPolicy failover);
   ~RetryDriver();

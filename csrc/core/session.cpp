@@ -14,8 +14,8 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   auto status = MakeStatus();
   if (local_->retired()) {
     if (counters_) counters_->Rejected(is_read, StatusCode::ERR_NOT_FOUND);
-    status->Update(StatusCode::ERR_NOT_FOUND, "session: local memory " + std::to_string(local_->desc.id) +
-                                                  " was deregistered");
+    status->Update(StatusCode::ERR_NOT_FOUND,
+                   "session: local memory " + std::to_string(local_->desc.id) + " was deregistered");
     return status;
   }
   TransferOp op;

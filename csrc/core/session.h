@@ -17,8 +17,8 @@ namespace mori_torch {
 
 class Session {
  public:
-  Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, TransferPath path,
-          std::shared_ptr<RetryDriver> driver, std::shared_ptr<std::atomic<uint64_t>> uids)
+  Session(std::shared_ptr<LocalMemory> local, MemoryDesc remote, TransferPath path, std::shared_ptr<RetryDriver> driver,
+          std::shared_ptr<std::atomic<uint64_t>> uids)
       : local_(std::move(local)),
         remote_(std::move(remote)),
         path_(std::move(path)),
@@ -49,8 +49,7 @@ class Session {
   std::shared_ptr<BackendPeer> peer() const;
 
  private:
-  StatusPtr Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes,
-                   TransferUid uid);
+  StatusPtr Submit(bool is_read, Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
 
   // The pinned path, or a freshly routed one while some path is down.
   TransferPath CurrentPath();

@@ -118,10 +118,9 @@ std::string TransferCountsSnapshot::ToJson() const {
   }
   return "{\"reads\": " + num(reads) + ", \"writes\": " + num(writes) + ", \"transfers\": " + num(Transfers()) +
          ", \"bytes_read\": " + num(bytes_read) + ", \"bytes_written\": " + num(bytes_written) +
-         ", \"bytes\": " + num(bytes_read + bytes_written) + ", \"succeeded\": " + num(succeeded) +
-         ", \"errors\": {" + errs + "}, \"in_flight\": " + std::to_string(in_flight) +
-         ", \"latency\": {\"buckets\": [" + buckets + "], \"count\": " + num(ended) +
-         ", \"sum_ns\": " + num(latency_sum_ns) + "}}";
+         ", \"bytes\": " + num(bytes_read + bytes_written) + ", \"succeeded\": " + num(succeeded) + ", \"errors\": {" +
+         errs + "}, \"in_flight\": " + std::to_string(in_flight) + ", \"latency\": {\"buckets\": [" + buckets +
+         "], \"count\": " + num(ended) + ", \"sum_ns\": " + num(latency_sum_ns) + "}}";
 }
 
 std::shared_ptr<TransferStats::PeerCounters> TransferStats::ForPeer(const std::string& key) {
@@ -154,8 +153,8 @@ std::string TransferStats::ToJson(const std::string& engine_key) const {
       if (s.Transfers() == 0) continue;
       per_backend[b].Add(s);
       total.Add(s);
-      entry += (entry.empty() ? "" : ", ") + JsonString(BackendTypeName(static_cast<BackendType>(b))) + ": " +
-               s.ToJson();
+      entry +=
+          (entry.empty() ? "" : ", ") + JsonString(BackendTypeName(static_cast<BackendType>(b))) + ": " + s.ToJson();
     }
     if (!entry.empty()) peers_json += (peers_json.empty() ? "" : ", ") + JsonString(kv.first) + ": {" + entry + "}";
   }

@@ -120,7 +120,8 @@ void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Strea
   // list (no block scheduling per segment).
   const uint32_t want = (count + kGroupsPerBlock - 1) / kGroupsPerBlock;
   const uint32_t cap = ResidentBlocks(CurrentDevice());
-  SegmentCopyKernel<<<want < cap ? want : cap, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count);
+  const uint32_t blocks = want < cap ? want : cap;
+  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count);
   CheckLaunch("segment copy kernel launch");
 }
 

@@ -14,9 +14,7 @@ namespace {
 
 // Test hook: MORI_TORCH_FAIL_PINNED_CHUNK=k makes the k-th chunk of every
 // new set fail to pin, so tests can check that the ones before it are freed.
-int InjectedFailureAt() {
-  return static_cast<int>(config::EnvInt("MORI_TORCH_FAIL_PINNED_CHUNK"));
-}
+int InjectedFailureAt() { return static_cast<int>(config::EnvInt("MORI_TORCH_FAIL_PINNED_CHUNK")); }
 
 }  // namespace
 

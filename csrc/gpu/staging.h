@@ -56,7 +56,7 @@ class StagingSet {
  private:
   struct Chunk {
     void* ptr = nullptr;
-    uint64_t dev_ptr = 0;      // the chunk as kernels see it
+    uint64_t dev_ptr = 0;         // the chunk as kernels see it
     CopySegment* list = nullptr;  // the kernel's segment list (pinned)
     uint64_t list_dev_ptr = 0;
     Event sealed = nullptr;  // event of the device that last copied, or null

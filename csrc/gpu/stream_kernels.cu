@@ -180,7 +180,8 @@ void WarmUpStreamKernels(int device) {
   FlagWaitKernel<<<1, 1, 0, stream>>>(nullptr, 0);
   gpuError_t e = gpuGetLastError();
   DestroyStream(s, device);
-  if (e != gpuSuccess) throw Error(StatusCode::ERR_GPU_OP, std::string("stream kernel warm-up: ") + gpuGetErrorString(e));
+  if (e != gpuSuccess)
+    throw Error(StatusCode::ERR_GPU_OP, std::string("stream kernel warm-up: ") + gpuGetErrorString(e));
 }
 
 }  // namespace gpu

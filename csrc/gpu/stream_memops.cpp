@@ -78,9 +78,9 @@ bool UseMemops() {
 // driver does not support it.
 bool TryMemop(bool write, Stream s, uint32_t* device_flag, uint32_t value) {
 #if MORI_HIP
-  hipError_t e = write ? hipStreamWriteValue32(static_cast<hipStream_t>(s), device_flag, value, 0)
-                       : hipStreamWaitValue32(static_cast<hipStream_t>(s), device_flag, value,
-                                              hipStreamWaitValueEq, 0xFFFFFFFFu);
+  hipError_t e =
+      write ? hipStreamWriteValue32(static_cast<hipStream_t>(s), device_flag, value, 0)
+            : hipStreamWaitValue32(static_cast<hipStream_t>(s), device_flag, value, hipStreamWaitValueEq, 0xFFFFFFFFu);
   if (e == hipErrorNotSupported || e == hipErrorInvalidValue) {
     (void)hipGetLastError();
     memops_usable.store(false);

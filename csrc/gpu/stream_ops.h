@@ -57,7 +57,7 @@ struct StreamCopyArgs {
   int64_t remote_offset = 0;
   int64_t offset_scale = 1;
   int64_t uniform_size = 0;
-  int64_t size_stride = 1;  // 0: one size for every segment
+  int64_t size_stride = 1;       // 0: one size for every segment
   StreamError* error = nullptr;  // device address of the error record
   // Packed staging (host-driven backends, docs/ARCHITECTURE.md): the remote
   // side is a pinned slot where segment i sits at packed_offsets[i], or at

@@ -71,8 +71,8 @@ void SlotLease::ReleaseCallback(void* context) {
 }
 
 DoorbellSlot::DoorbellSlot(size_t entries, size_t staging_bytes) : entries_(entries), staging_bytes_(staging_bytes) {
-  const size_t head = (kWordBytes + kLists * entries * sizeof(int64_t) + kStagingAlign - 1) / kStagingAlign *
-                      kStagingAlign;
+  const size_t head =
+      (kWordBytes + kLists * entries * sizeof(int64_t) + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
   bytes_ = RoundToPages(head + staging_bytes);
   base_ = static_cast<char*>(AllocHostWords(bytes_, &pinned_));
   words_ = reinterpret_cast<uint32_t*>(base_);
@@ -264,8 +264,7 @@ StatusCode DoorbellService::StartStaged(DoorbellSlot& slot, std::string* msg) {
     at += b.size;  // each size <= local_size: no overflow
     if (static_cast<uint64_t>(at) > slot.staging_bytes()) {
       *msg = "the transfer needs more than the " + std::to_string(slot.staging_bytes()) +
-             " staging bytes reserved when the op was enqueued (at segment " + std::to_string(i) +
-             "); nothing moved";
+             " staging bytes reserved when the op was enqueued (at segment " + std::to_string(i) + "); nothing moved";
       return StatusCode::ERR_INVALID_ARGS;
     }
   }

@@ -28,7 +28,8 @@ void CheckListsFor(const StreamTransfer& t, bool capturing, bool need_device) {
     if (!HasList(t, k) || t.list_on_device[k]) continue;
     if (capturing) {
       InvalidArgs(std::string("under CUDA graph capture the block lists must be GPU tensors (a graph replay reads "
-                              "them); ") + t.list_names[k] + " is host memory");
+                              "them); ") +
+                  t.list_names[k] + " is host memory");
     }
     if (need_device) {
       InvalidArgs(std::string("this session's backend copies on the GPU and reads its lists there; ") +
@@ -220,8 +221,9 @@ void EnqueueOnStream(const StreamTransfer& t, StreamDriver& stream) {
   if (on_peer) return LaunchOnPeer(t, stream);
   const bool is_registration = t.local_base == s.local()->desc.data;
   if (!t.local_on_device && !is_registration) {
-    InvalidArgs("local host memory must be the session's registration on a stream (a copy runs on the host: "
-                "RunOnHost)");
+    InvalidArgs(
+        "local host memory must be the session's registration on a stream (a copy runs on the host: "
+        "RunOnHost)");
   }
   const bool staged = t.local_on_device && !(is_registration && s.peer()->PostsFromDeviceMemory(*s.local()));
   RingDoorbell(t, stream, capturing, staged);

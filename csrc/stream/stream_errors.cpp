@@ -48,9 +48,10 @@ std::string StreamErrors::Take(StatusCode* code) {
   volatile gpu::StreamError* r = host_record_;
   if (code_ == StatusCode::SUCCESS && r->code == gpu::kStreamErrorOutOfRange) {
     code_ = StatusCode::ERR_INVALID_ARGS;
-    message_ = "segment " + std::to_string(r->index) + " out of range (local_offset=" +
-               std::to_string(r->local_offset) + ", remote_offset=" + std::to_string(r->remote_offset) +
-               ", size=" + std::to_string(r->size) + "): the kernel moved no byte of it";
+    message_ = "segment " + std::to_string(r->index) +
+               " out of range (local_offset=" + std::to_string(r->local_offset) +
+               ", remote_offset=" + std::to_string(r->remote_offset) + ", size=" + std::to_string(r->size) +
+               "): the kernel moved no byte of it";
   }
   r->code = 0;
   *code = code_;

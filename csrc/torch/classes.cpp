@@ -8,10 +8,10 @@
 
 #include "base/config_table.h"
 #include "core/engine.h"
-#include "torch/classes.h"
 #include "core/logging.h"
 #include "gpu/gpu_runtime.h"
 #include "gpu/trace_ranges.h"
+#include "torch/classes.h"
 
 namespace mori_torch {
 namespace bind {
@@ -40,8 +40,8 @@ at::Tensor BytesToTensor(const std::vector<uint8_t>& b) {
 }
 
 std::vector<uint8_t> TensorToBytes(const at::Tensor& t, const char* what) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte && t.device().is_cpu() && t.dim() == 1,
-                   what, ": expected a 1-D CPU uint8 tensor of packed bytes");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte && t.device().is_cpu() && t.dim() == 1, what,
+                   ": expected a 1-D CPU uint8 tensor of packed bytes");
   auto c = t.contiguous();
   const auto* p = c.data_ptr<uint8_t>();
   return std::vector<uint8_t>(p, p + c.numel());
@@ -120,11 +120,10 @@ std::vector<std::vector<int64_t>> ToVecs(const c10::List<at::Tensor>& l, const c
   return out;
 }
 
-
 struct EngineObj : torch::CustomClassHolder {
   std::shared_ptr<Engine> e;
-  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret,
-            bool failover, int64_t retry_attempts, int64_t retry_budget_ms) {
+  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret, bool failover,
+            int64_t retry_attempts, int64_t retry_budget_ms) {
     Guard([&] {
       EngineConfig cfg;
       cfg.host = host;
@@ -145,16 +144,14 @@ struct EngineObj : torch::CustomClassHolder {
   MemoryDescRef RegisterTensor(const at::Tensor& t) {
     TORCH_CHECK_VALUE(t.defined(), "register_torch_tensor: tensor is undefined");
     TORCH_CHECK_VALUE(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", Str(t.sizes()),
-                ", strides ", Str(t.strides()), "); call .contiguous() first");
+                      ", strides ", Str(t.strides()), "); call .contiguous() first");
     TORCH_CHECK_VALUE(t.nbytes() > 0, "register_torch_tensor: tensor has no bytes");
     const auto ptr = reinterpret_cast<uint64_t>(t.data_ptr());
     const auto size = static_cast<int64_t>(t.nbytes());
     if (t.device().is_cpu()) {
       return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, -1, MemoryLocationType::CPU)); });
     }
-    return Guard([&] {
-      return Wrap(e->RegisterMemory(ptr, size, t.device().index(), MemoryLocationType::GPU));
-    });
+    return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, t.device().index(), MemoryLocationType::GPU)); });
   }
 };
 using EngineRef = c10::intrusive_ptr<EngineObj>;
@@ -175,15 +172,14 @@ TORCH_LIBRARY(mori, m) {
       .def("InProgress", [](const StatusRef& self) { return self->s->InProgress(); })
       .def("Succeeded", [](const StatusRef& self) { return self->s->Succeeded(); })
       .def("Failed", [](const StatusRef& self) { return self->s->Failed(); })
-      .def("Update",
-           [](const StatusRef& self, int64_t code, const std::string& msg) {
-             self->s->Update(static_cast<StatusCode>(code), msg);
-           })
+      .def("Update", [](const StatusRef& self, int64_t code,
+                        const std::string& msg) { self->s->Update(static_cast<StatusCode>(code), msg); })
       .def("SetCode", [](const StatusRef& self, int64_t code) { self->s->SetCode(static_cast<StatusCode>(code)); })
       .def("SetMessage", [](const StatusRef& self, const std::string& msg) { self->s->SetMessage(msg); })
       .def("Wait", [](const StatusRef& self) { self->s->Wait(); })
-      .def("WaitFor",
-           [](const StatusRef& self, int64_t timeout_ms) { return static_cast<int64_t>(self->s->WaitFor(timeout_ms)); });
+      .def("WaitFor", [](const StatusRef& self, int64_t timeout_ms) {
+        return static_cast<int64_t>(self->s->WaitFor(timeout_ms));
+      });
 
   m.class_<EngineDescObj>("EngineDesc")
       .def("key", [](const EngineDescRef& self) { return self->d.key; })
@@ -224,14 +220,10 @@ TORCH_LIBRARY(mori, m) {
   m.class_<SessionObj>("Session")
       .def("allocate_transfer_uid",
            [](const SessionRef& self) { return static_cast<int64_t>(self->s->AllocateTransferUid()); })
-      .def("read",
-           [](const SessionRef& self, int64_t lo, int64_t ro, int64_t size, int64_t uid) {
-             return Wrap(self->s->Read(lo, ro, size, static_cast<TransferUid>(uid)));
-           })
-      .def("write",
-           [](const SessionRef& self, int64_t lo, int64_t ro, int64_t size, int64_t uid) {
-             return Wrap(self->s->Write(lo, ro, size, static_cast<TransferUid>(uid)));
-           })
+      .def("read", [](const SessionRef& self, int64_t lo, int64_t ro, int64_t size,
+                      int64_t uid) { return Wrap(self->s->Read(lo, ro, size, static_cast<TransferUid>(uid))); })
+      .def("write", [](const SessionRef& self, int64_t lo, int64_t ro, int64_t size,
+                       int64_t uid) { return Wrap(self->s->Write(lo, ro, size, static_cast<TransferUid>(uid))); })
       .def("batch_read",
            [](const SessionRef& self, const c10::List<int64_t>& lo, const c10::List<int64_t>& ro,
               const c10::List<int64_t>& sizes, int64_t uid) {
@@ -242,20 +234,20 @@ TORCH_LIBRARY(mori, m) {
               const c10::List<int64_t>& sizes, int64_t uid) {
              return Wrap(self->s->BatchWrite(ToVec(lo), ToVec(ro), ToVec(sizes), static_cast<TransferUid>(uid)));
            })
-      .def("batch_read_tensors",
-           [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes,
-              int64_t uid) {
-             const auto l = ToHostInt64(lo, "local_offsets"), r = ToHostInt64(ro, "remote_offsets"),
-                        n = ToHostInt64(sizes, "sizes");
-             return Wrap(self->s->BatchRead(l.span(), r.span(), n.span(), static_cast<TransferUid>(uid)));
-           })
-      .def("batch_write_tensors",
-           [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes,
-              int64_t uid) {
-             const auto l = ToHostInt64(lo, "local_offsets"), r = ToHostInt64(ro, "remote_offsets"),
-                        n = ToHostInt64(sizes, "sizes");
-             return Wrap(self->s->BatchWrite(l.span(), r.span(), n.span(), static_cast<TransferUid>(uid)));
-           })
+      .def(
+          "batch_read_tensors",
+          [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes, int64_t uid) {
+            const auto l = ToHostInt64(lo, "local_offsets"), r = ToHostInt64(ro, "remote_offsets"),
+                       n = ToHostInt64(sizes, "sizes");
+            return Wrap(self->s->BatchRead(l.span(), r.span(), n.span(), static_cast<TransferUid>(uid)));
+          })
+      .def(
+          "batch_write_tensors",
+          [](const SessionRef& self, const at::Tensor& lo, const at::Tensor& ro, const at::Tensor& sizes, int64_t uid) {
+            const auto l = ToHostInt64(lo, "local_offsets"), r = ToHostInt64(ro, "remote_offsets"),
+                       n = ToHostInt64(sizes, "sizes");
+            return Wrap(self->s->BatchWrite(l.span(), r.span(), n.span(), static_cast<TransferUid>(uid)));
+          })
       .def("alive", [](const SessionRef& self) { return self->s->Alive(); })
       .def("backend_type", [](const SessionRef& self) { return static_cast<int64_t>(self->s->backend_type()); });
 
@@ -346,8 +338,8 @@ TORCH_LIBRARY(mori, m) {
            })
       .def("batch_transfer_tensors",
            [](const EngineRef& self, bool is_read, const c10::List<MemoryDescRef>& locals,
-              const c10::List<at::Tensor>& lo, const c10::List<MemoryDescRef>& remotes,
-              const c10::List<at::Tensor>& ro, const c10::List<at::Tensor>& sizes, const c10::List<int64_t>& uids) {
+              const c10::List<at::Tensor>& lo, const c10::List<MemoryDescRef>& remotes, const c10::List<at::Tensor>& ro,
+              const c10::List<at::Tensor>& sizes, const c10::List<int64_t>& uids) {
              return WrapAll(self->e->BatchTransfer(is_read, ToDescs(locals), ToVecs(lo, "local_offsets[]"),
                                                    ToDescs(remotes), ToVecs(ro, "remote_offsets[]"),
                                                    ToVecs(sizes, "sizes[]"), ToVec(uids)));

@@ -94,8 +94,8 @@ PyObject* LogDrain(PyObject*, PyObject* args) {
   long long max_lines = 0, timeout_ms = 0;
   if (!PyArg_ParseTuple(args, "LL", &max_lines, &timeout_ms)) return nullptr;
   if (max_lines <= 0 || timeout_ms < 0) {
-    PyErr_Format(PyExc_ValueError, "log_drain: max_lines must be > 0 and timeout_ms >= 0, got %lld and %lld",
-                 max_lines, timeout_ms);
+    PyErr_Format(PyExc_ValueError, "log_drain: max_lines must be > 0 and timeout_ms >= 0, got %lld and %lld", max_lines,
+                 timeout_ms);
     return nullptr;
   }
   std::vector<mori_torch::LogRecord> recs;
@@ -150,7 +150,8 @@ PyObject* ConfigTable(PyObject*, PyObject*) {
 }
 
 PyMethodDef kMethods[] = {
-    {"log_route", LogRoute, METH_O, "log_route(on): hold native log lines for log_drain (True) or write them to stderr."},
+    {"log_route", LogRoute, METH_O,
+     "log_route(on): hold native log lines for log_drain (True) or write them to stderr."},
     {"log_drain", LogDrain, METH_VARARGS,
      "log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file, line, time_ms, message)]."},
     {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
@@ -171,8 +172,15 @@ constexpr const char* kBuiltAgainstTorch = "unknown";
 }  // namespace
 
 extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "mori_torch._C", "mori_torch native library", -1, kMethods,
-                            nullptr, nullptr, nullptr, nullptr};
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT,
+                            "mori_torch._C",
+                            "mori_torch native library",
+                            -1,
+                            kMethods,
+                            nullptr,
+                            nullptr,
+                            nullptr,
+                            nullptr};
   PyObject* m = PyModule_Create(&def);
   if (m == nullptr) return nullptr;
   // TORCH_VERSION: the torch this extension was compiled against (mori_torch

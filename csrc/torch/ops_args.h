@@ -9,8 +9,8 @@
 #include <array>
 #include <memory>
 
-#include "stream/enqueue.h"
 #include "gpu/trace_ranges.h"
+#include "stream/enqueue.h"
 #include "stream/handle_registry.h"
 
 namespace mori_torch {
@@ -65,8 +65,7 @@ struct OpImpls {
   static void ReadPages(int64_t h, at::Tensor& local, const at::Tensor& lp, const at::Tensor& rp, int64_t page) {
     Traced(ParsePages("mori.read_pages", true, h, local, lp, rp, page));
   }
-  static void WritePages(int64_t h, const at::Tensor& local, const at::Tensor& lp, const at::Tensor& rp,
-                         int64_t page) {
+  static void WritePages(int64_t h, const at::Tensor& local, const at::Tensor& lp, const at::Tensor& rp, int64_t page) {
     Traced(ParsePages("mori.write_pages", false, h, local, lp, rp, page));
   }
   static void Register(torch::Library& m) {

@@ -49,10 +49,8 @@ TORCH_LIBRARY_FRAGMENT(mori, m) {
   m.def("release_session_handle(int session) -> ()", &ReleaseSessionHandle);
   m.def("check_errors(int session) -> ()", &CheckErrors);
   m.def("stream_flag_mechanism() -> str", [] { return gpu::StreamFlagMechanism(); });
-  m.def("doorbell_slots_watched() -> int",
-        [] { return static_cast<int64_t>(DoorbellService::Instance().Watched()); });
-  m.def("doorbell_slots_captured() -> int",
-        [] { return static_cast<int64_t>(DoorbellService::Instance().Leased()); });
+  m.def("doorbell_slots_watched() -> int", [] { return static_cast<int64_t>(DoorbellService::Instance().Watched()); });
+  m.def("doorbell_slots_captured() -> int", [] { return static_cast<int64_t>(DoorbellService::Instance().Leased()); });
   m.def("read(int session, Tensor(a!) local, int local_offset, int remote_offset, int size) -> ()");
   m.def("write(int session, Tensor local, int local_offset, int remote_offset, int size) -> ()");
   m.def("batch_read(int session, Tensor(a!) local, Tensor local_offsets, Tensor remote_offsets, Tensor sizes) -> ()");

@@ -26,10 +26,10 @@
 namespace mori_torch {
 namespace {
 
-using testing_util::RawConnect;
 using testing_util::CatchError;
 using testing_util::Contains;
 using testing_util::MsSince;
+using testing_util::RawConnect;
 using testing_util::ScopedEnv;
 
 constexpr int kFrameTimeoutMs = 300;
@@ -51,8 +51,8 @@ bool WaitClosed(int fd, int ms, std::vector<uint8_t>* got = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   uint8_t buf[4096];
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
-                          .count();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0) return false;
     pollfd p{fd, POLLIN, 0};
     int r = ::poll(&p, 1, static_cast<int>(left));
@@ -302,8 +302,8 @@ TEST_F(ControlPlaneTest, BadHellosGetAnErrorFrameAndAClose) {
   }
   cases.push_back({EncodeFrame(FrameType::Hello, {1, 0, 0, 0, 0, 0}), "truncated"});  // empty descriptor
   cases.push_back({EncodeFrame(FrameType::Hello, HelloPayload(ConnectionKind::Data, 2, self_)), "no RDMA backend"});
-  cases.push_back({EncodeFrame(FrameType::Hello, HelloPayload(ConnectionKind::Data, 200, self_)),
-                   "unknown backend type 200"});
+  cases.push_back(
+      {EncodeFrame(FrameType::Hello, HelloPayload(ConnectionKind::Data, 200, self_)), "unknown backend type 200"});
   for (const auto& c : cases) {
     SCOPED_TRACE(c.needle);
     int fd = Connect();
@@ -632,9 +632,7 @@ TEST_F(ControlPlaneTest, DataConnectionRejectsOutOfRangeAndMalformedRequests) {
   // Out of range, in several ways; the payload is drained and the stream
   // stays in step, so each gets its own error response.
   const std::vector<std::vector<tcp::WireSegment>> bad = {
-      {{mem_.size() - 4, 8}},
-      {{0, 16}, {mem_.size(), 1}},
-      {{kMax - 3, 8}},  // offset + size wraps around
+      {{mem_.size() - 4, 8}}, {{0, 16}, {mem_.size(), 1}}, {{kMax - 3, 8}},  // offset + size wraps around
   };
   uint64_t id = 1;
   for (const auto& segs : bad) {
@@ -718,16 +716,21 @@ TEST_F(ControlPlaneTest, FuzzedDataRequestsNeverTouchMemoryOutsideTheRegistratio
   std::vector<uint8_t> whole(3 * kPart);
   testing_util::FillRandom(whole, 77);
   const std::vector<uint8_t> orig = whole;
-  MemoryDesc mid = server_->RegisterMemory(reinterpret_cast<uint64_t>(whole.data() + kPart), kPart, -1,
-                                           MemoryLocationType::CPU);
+  MemoryDesc mid =
+      server_->RegisterMemory(reinterpret_cast<uint64_t>(whole.data() + kPart), kPart, -1, MemoryLocationType::CPU);
   std::mt19937_64 rng(321);
   auto pick_offset = [&]() -> uint64_t {
     switch (rng() % 5) {
-      case 0: return rng() % kPart;
-      case 1: return kPart - rng() % 16;
-      case 2: return kPart + rng() % 64;
-      case 3: return UINT64_MAX - rng() % 64;
-      default: return rng();
+      case 0:
+        return rng() % kPart;
+      case 1:
+        return kPart - rng() % 16;
+      case 2:
+        return kPart + rng() % 64;
+      case 3:
+        return UINT64_MAX - rng() % 64;
+      default:
+        return rng();
     }
   };
   for (int iter = 0; iter < 300; ++iter) {

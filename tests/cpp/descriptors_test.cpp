@@ -155,8 +155,7 @@ TEST(MemoryDescTest, EqualityComparesEveryField) {
 // --- malformed input -------------------------------------------------------
 
 template <typename Desc>
-void ExpectRejected(const std::vector<uint8_t>& bytes, size_t len, const std::string& needle,
-                    const std::string& ctx) {
+void ExpectRejected(const std::vector<uint8_t>& bytes, size_t len, const std::string& needle, const std::string& ctx) {
   auto e = CatchError([&] { Desc::Unpack(bytes.data(), len); });
   ASSERT_TRUE(e.has_value()) << ctx;
   EXPECT_EQ(e->code(), StatusCode::ERR_INVALID_ARGS) << ctx;

@@ -119,7 +119,7 @@ TEST_F(DoorbellTest, RetiredLeaseFreesAPersistentSlot) {
   service.Watch(std::move(slot));
   EXPECT_EQ(service.Leased(), leased_before + 1);
   EXPECT_EQ(session_.use_count(), session_refs + 1);  // the slot holds the session
-  for (int64_t i = 0; i < 3; ++i) {  // "replays"
+  for (int64_t i = 0; i < 3; ++i) {                   // "replays"
     raw->list(0)[0] = i + 1;
     raw->list(1)[0] = i + 30;
     ASSERT_TRUE(RingAndWait(*raw)) << "ring " << i;

@@ -528,9 +528,15 @@ TEST_P(EngineTcpTest, TwentyFailuresThenASuccess) {
   for (int i = 0; i < 20; ++i) {
     StatusPtr s;
     switch (i % 4) {
-      case 0: s = a_->Write(amem_, kBuf, bmem_, 0, 1, i); break;
-      case 1: s = a_->Read(amem_, 0, bmem_, kBuf - 1, 2, i); break;
-      case 2: s = sess->BatchWrite({0, kBuf}, {0, 0}, {1, 1}, i); break;
+      case 0:
+        s = a_->Write(amem_, kBuf, bmem_, 0, 1, i);
+        break;
+      case 1:
+        s = a_->Read(amem_, 0, bmem_, kBuf - 1, 2, i);
+        break;
+      case 2:
+        s = sess->BatchWrite({0, kBuf}, {0, 0}, {1, 1}, i);
+        break;
       default: {
         auto st = a_->BatchTransfer(true, {amem_}, {{0, 0}}, {bmem_}, {{0, kBuf}}, {{4, 4}}, {i});
         s = st.at(0);
@@ -645,11 +651,10 @@ TEST_P(EngineTcpTest, ForgedOversizedRemoteDescIsRejectedByTheTarget) {
     SCOPED_TRACE("case " + std::to_string(i));
     const auto& c = cases[i];
     const TransferUid u = a_->AllocateTransferUid();
-    StatusPtr s = c.l.sz.size() == 1
-                      ? (c.is_read ? a_->Read(amem_, c.l.lo[0], forged, c.l.ro[0], c.l.sz[0], u)
-                                   : a_->Write(amem_, c.l.lo[0], forged, c.l.ro[0], c.l.sz[0], u))
-                      : a_->BatchTransfer(c.is_read, {amem_}, {c.l.lo}, {forged}, {c.l.ro}, {c.l.sz},
-                                          {static_cast<int64_t>(u)})[0];
+    StatusPtr s = c.l.sz.size() == 1 ? (c.is_read ? a_->Read(amem_, c.l.lo[0], forged, c.l.ro[0], c.l.sz[0], u)
+                                                  : a_->Write(amem_, c.l.lo[0], forged, c.l.ro[0], c.l.sz[0], u))
+                                     : a_->BatchTransfer(c.is_read, {amem_}, {c.l.lo}, {forged}, {c.l.ro}, {c.l.sz},
+                                                         {static_cast<int64_t>(u)})[0];
     ASSERT_TRUE(Ends(s, StatusCode::ERR_INVALID_ARGS));
     EXPECT_TRUE(Contains(s->Message(), "rejected by target")) << s->Message();
     EXPECT_TRUE(Contains(s->Message(), "size " + std::to_string(kReal))) << s->Message();
@@ -903,8 +908,8 @@ TEST(EngineTest, RegisterMemoryRejectsBadArguments) {
   void* hole = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(hole, MAP_FAILED);
   ASSERT_EQ(munmap(static_cast<char*>(hole) + page, page), 0);
-  auto err = CatchError(
-      [&] { e.RegisterMemory(reinterpret_cast<uint64_t>(hole), 2 * page, -1, MemoryLocationType::CPU); });
+  auto err =
+      CatchError([&] { e.RegisterMemory(reinterpret_cast<uint64_t>(hole), 2 * page, -1, MemoryLocationType::CPU); });
   ASSERT_TRUE(err.has_value());
   EXPECT_EQ(err->code(), StatusCode::ERR_INVALID_ARGS);
   EXPECT_TRUE(Contains(err->what(), "not mapped")) << err->what();

@@ -227,10 +227,18 @@ TEST(ByteReaderTest, NeverReadsPastItsBuffer) {
     try {
       while (true) {
         switch (rng() % 5) {
-          case 0: r.Get<uint8_t>("u8"); break;
-          case 1: r.Get<uint32_t>("u32"); break;
-          case 2: r.Get<uint64_t>("u64"); break;
-          case 3: r.GetString("s", rng() % 20); break;
+          case 0:
+            r.Get<uint8_t>("u8");
+            break;
+          case 1:
+            r.Get<uint32_t>("u32");
+            break;
+          case 2:
+            r.Get<uint64_t>("u64");
+            break;
+          case 3:
+            r.GetString("s", rng() % 20);
+            break;
           default: {
             uint8_t out[8];
             r.GetBytes(out, rng() % 9, "bytes");

@@ -31,10 +31,10 @@ namespace mori_torch {
 namespace {
 
 using testing_util::ClosedWithin;
-using testing_util::RawConnect;
 using testing_util::Contains;
 using testing_util::MsSince;
 using testing_util::PollUntil;
+using testing_util::RawConnect;
 
 int ThreadCount() {
   int n = 0;
@@ -183,11 +183,13 @@ TEST_F(HardeningTest, ConnectionCapsRefuseTheExcessAndUnfinishedHandshakesTimeOu
   Frame reply;
   ASSERT_TRUE(ReadFrame(fd, &reply, 2000, 2000).ok);
   ASSERT_EQ(reply.type, FrameType::Error);
-  EXPECT_TRUE(Contains(DecodeErrorPayload(reply, "").what(), "max_connections_per_peer")) << DecodeErrorPayload(reply, "").what();
+  EXPECT_TRUE(Contains(DecodeErrorPayload(reply, "").what(), "max_connections_per_peer"))
+      << DecodeErrorPayload(reply, "").what();
   EXPECT_GE(e.RefusedConnections(), 11u);
   // The engine cap: 40 in all.
   Fds many;
-  for (int i = 0; i < 45; ++i) many.v.push_back(RawHello(e.Desc().port, ConnectionKind::Control, "k" + std::to_string(i)));
+  for (int i = 0; i < 45; ++i)
+    many.v.push_back(RawHello(e.Desc().port, ConnectionKind::Control, "k" + std::to_string(i)));
   int refused = 0;
   for (int f : many.v) refused += f < 0;
   EXPECT_EQ(refused, 45 - (40 - 5));
@@ -460,8 +462,8 @@ class FakeTarget {
 
 StatusPtr WriteTo(Engine& e, const FakeTarget& t, std::vector<uint8_t>& buf) {
   e.RegisterRemoteEngine(t.Desc());
-  MemoryDesc local =
-      e.RegisterMemory(reinterpret_cast<uint64_t>(buf.data()), static_cast<int64_t>(buf.size()), -1, MemoryLocationType::CPU);
+  MemoryDesc local = e.RegisterMemory(reinterpret_cast<uint64_t>(buf.data()), static_cast<int64_t>(buf.size()), -1,
+                                      MemoryLocationType::CPU);
   MemoryDesc remote;
   remote.engine_key = "fake";
   remote.data = 0x10000;
@@ -474,8 +476,7 @@ StatusPtr WriteTo(Engine& e, const FakeTarget& t, std::vector<uint8_t>& buf) {
 // dead one looked alike.
 TEST_F(HardeningTest, InactivityTimeoutEndsAStalledTransferLongBeforeTheOpTimeout) {
   Engine e("initiator", Config());
-  e.CreateBackend(BackendType::TCP,
-                  {{"num_data_conns", 1}, {"op_timeout_ms", 60000}, {"inactivity_timeout_ms", 400}});
+  e.CreateBackend(BackendType::TCP, {{"num_data_conns", 1}, {"op_timeout_ms", 60000}, {"inactivity_timeout_ms", 400}});
   FakeTarget stalled(0);
   std::vector<uint8_t> buf(64 << 10);
   const auto t0 = std::chrono::steady_clock::now();
@@ -487,8 +488,7 @@ TEST_F(HardeningTest, InactivityTimeoutEndsAStalledTransferLongBeforeTheOpTimeou
 
 TEST_F(HardeningTest, ASlowButLiveTransferOutlastsTheInactivityTimeout) {
   Engine e("initiator", Config());
-  e.CreateBackend(BackendType::TCP,
-                  {{"num_data_conns", 1}, {"op_timeout_ms", 60000}, {"inactivity_timeout_ms", 400}});
+  e.CreateBackend(BackendType::TCP, {{"num_data_conns", 1}, {"op_timeout_ms", 60000}, {"inactivity_timeout_ms", 400}});
   FakeTarget slow(64 << 10);  // 2 MiB at 64 KiB / 50 ms: about 1.6 s, 4 x the inactivity timeout
   std::vector<uint8_t> buf(2 << 20);
   const auto t0 = std::chrono::steady_clock::now();
@@ -511,7 +511,8 @@ TEST_F(HardeningTest, EveryNonTransferCallAfterShutdownThrows) {
     }
     return false;
   };
-  EXPECT_TRUE(throws_bad_state([&] { e.RegisterMemory(reinterpret_cast<uint64_t>(buf.data()), 4096, -1, MemoryLocationType::CPU); }));
+  EXPECT_TRUE(throws_bad_state(
+      [&] { e.RegisterMemory(reinterpret_cast<uint64_t>(buf.data()), 4096, -1, MemoryLocationType::CPU); }));
   EXPECT_TRUE(throws_bad_state([&] { e.CreateBackend(BackendType::TCP, {}); }));
   EXPECT_TRUE(throws_bad_state([&] { e.RegisterRemoteEngine(RawDesc("x")); }));
   EXPECT_TRUE(throws_bad_state([&] { e.CreateSession(m, m); }));

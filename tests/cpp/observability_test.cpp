@@ -19,10 +19,10 @@ namespace {
 
 TEST(TransferStatsTest, LatencyBucketsArePowersOfTwoMicroseconds) {
   EXPECT_EQ(TransferCounters::LatencyBucket(0), 0);
-  EXPECT_EQ(TransferCounters::LatencyBucket(999), 0);       // under 1 us
-  EXPECT_EQ(TransferCounters::LatencyBucket(1000), 1);      // [1, 2) us
+  EXPECT_EQ(TransferCounters::LatencyBucket(999), 0);   // under 1 us
+  EXPECT_EQ(TransferCounters::LatencyBucket(1000), 1);  // [1, 2) us
   EXPECT_EQ(TransferCounters::LatencyBucket(1999), 1);
-  EXPECT_EQ(TransferCounters::LatencyBucket(2000), 2);      // [2, 4) us
+  EXPECT_EQ(TransferCounters::LatencyBucket(2000), 2);         // [2, 4) us
   EXPECT_EQ(TransferCounters::LatencyBucket(1000000000), 20);  // 1 s = 2^19.9 us: [2^19, 2^20) us
   EXPECT_EQ(TransferCounters::LatencyBucket(-5), 0);
   EXPECT_EQ(TransferCounters::LatencyBucket(INT64_MAX), kLatencyBuckets - 1);

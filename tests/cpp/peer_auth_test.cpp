@@ -22,11 +22,11 @@
 namespace mori_torch {
 namespace {
 
-using testing_util::ClosedWithin;
-using testing_util::RawConnect;
 using testing_util::CatchError;
+using testing_util::ClosedWithin;
 using testing_util::Contains;
 using testing_util::FillRandom;
+using testing_util::RawConnect;
 
 constexpr int kWaitMs = 20000;
 

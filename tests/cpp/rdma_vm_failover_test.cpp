@@ -119,15 +119,19 @@ TEST_F(RdmaFailoverTest, QpErrorFailsOverToTcpAndReturnsToRdma) {
 
   // A probe after the pause finds RDMA healthy (fresh QPs): the peer returns.
   uint64_t seed = 100;
-  ASSERT_TRUE(PollUntil([&] {
-    RoundTrip(*session, 8192, 65536, seed += 2);
-    return engine_->Failover().failover.returns == 1;
-  }, 20000)) << "no return to RDMA";
-  const double return_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - down_at).count();
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        RoundTrip(*session, 8192, 65536, seed += 2);
+        return engine_->Failover().failover.returns == 1;
+      },
+      20000))
+      << "no return to RDMA";
+  const double return_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - down_at).count();
   // benchmarks/ and docs/BENCHMARK.md quote this line.
   std::cout << "FAILOVER_TIMES healthy_write_ms=" << healthy_ms << " failover_write_ms=" << failover_ms
-            << " added_ms=" << failover_ms - healthy_ms << " return_after_ms=" << return_ms
-            << " probe_ms=300" << std::endl;
+            << " added_ms=" << failover_ms - healthy_ms << " return_after_ms=" << return_ms << " probe_ms=300"
+            << std::endl;
   f = engine_->Failover();
   EXPECT_EQ(f.failover.paths_down, 0u);
   EXPECT_GE(f.failover.probes, 1u);

@@ -34,7 +34,8 @@ std::string Hex(const std::vector<uint8_t>& b) {
 
 std::vector<uint8_t> Unhex(const std::string& s) {
   std::vector<uint8_t> b;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) b.push_back(static_cast<uint8_t>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < s.size(); i += 2)
+    b.push_back(static_cast<uint8_t>(std::stoi(s.substr(i, 2), nullptr, 16)));
   return b;
 }
 
@@ -103,8 +104,8 @@ int RunPeer(int argc, char** argv) {
   auto* buf = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (buf == MAP_FAILED) return 3;
   std::memset(buf, 0, bytes);
-  MemoryDesc mem = engine.RegisterMemory(reinterpret_cast<uint64_t>(buf), static_cast<int64_t>(bytes), -1,
-                                         MemoryLocationType::CPU);
+  MemoryDesc mem =
+      engine.RegisterMemory(reinterpret_cast<uint64_t>(buf), static_cast<int64_t>(bytes), -1, MemoryLocationType::CPU);
   std::cout << "READY " << Hex(engine.Desc().Pack()) << " " << Hex(mem.Pack()) << std::endl;
   std::string cmd;
   while (std::cin >> cmd) {

@@ -42,8 +42,8 @@ class RdmaStreamTest : public ::testing::Test {
     engine_->RegisterRemoteEngine(peer_->engine());
     registered_ = Map();
     device_ = Map();
-    local_ = engine_->RegisterMemory(reinterpret_cast<uint64_t>(registered_), kPage * kPages, -1,
-                                     MemoryLocationType::CPU);
+    local_ =
+        engine_->RegisterMemory(reinterpret_cast<uint64_t>(registered_), kPage * kPages, -1, MemoryLocationType::CPU);
     session_ = engine_->CreateSession(local_, peer_->memory());
     ASSERT_TRUE(session_);
     errors_ = std::make_shared<StreamErrors>();

@@ -23,8 +23,8 @@
 #include "backends/rdma/rdma_backend.h"
 #include "backends/rdma/rdma_completion.h"
 #include "backends/rdma/rdma_device.h"
-#include "backends/rdma/verbs_loader.h"
 #include "backends/rdma/rdma_mr_cache.h"
+#include "backends/rdma/verbs_loader.h"
 #include "core/engine.h"
 #include "rdma_vm_peer.h"
 #include "test_util.h"
@@ -133,8 +133,8 @@ class RdmaTransferTest : public ::testing::Test {
     engine_->CreateBackend(BackendType::RDMA, cfg);
     engine_->RegisterRemoteEngine(peer_->engine());
     local_buf_ = std::make_unique<HostBuf>(local_bytes);
-    local_ = engine_->RegisterMemory(reinterpret_cast<uint64_t>(local_buf_->p), static_cast<int64_t>(local_bytes),
-                                     -1, MemoryLocationType::CPU);
+    local_ = engine_->RegisterMemory(reinterpret_cast<uint64_t>(local_buf_->p), static_cast<int64_t>(local_bytes), -1,
+                                     MemoryLocationType::CPU);
   }
   void TearDown() override {
     if (engine_) engine_->Shutdown();
@@ -346,8 +346,8 @@ TEST_F(RdmaTransferTest, EventModeReallyBlocksAndPollingModeDoesNot) {
             << p1.cpu_ticks - p0.cpu_ticks << " CPU ticks\n";
   // It sleeps at most 200 us between polls: 50 wake-ups come within 10 s
   // on any machine (about 1 s is measured above for the record).
-  EXPECT_TRUE(testing_util::PollUntil(
-      [&] { return CompletionThreads()[poll_tid].voluntary - p0.voluntary >= 50; }, 10000))
+  EXPECT_TRUE(
+      testing_util::PollUntil([&] { return CompletionThreads()[poll_tid].voluntary - p0.voluntary >= 50; }, 10000))
       << "the POLLING thread did not keep waking up: the measurement cannot tell the modes apart";
 }
 
@@ -625,8 +625,8 @@ TEST_F(RdmaTransferTest, SendQueueFullOnOneQpOfAStripedTransferAnnouncesNoPart) 
   const int64_t waited = MsSince(t0);
   // It ends when it gives up: none of its parts was posted (a posted part,
   // with its notice, would keep it in flight until the target runs again).
-  ASSERT_EQ(big->PeekCode(), StatusCode::ERR_RDMA_OP) << "a part of the failed transfer was posted: "
-                                                      << StatusCodeName(big->PeekCode()) << " " << big->Message();
+  ASSERT_EQ(big->PeekCode(), StatusCode::ERR_RDMA_OP)
+      << "a part of the failed transfer was posted: " << StatusCodeName(big->PeekCode()) << " " << big->Message();
   EXPECT_TRUE(Contains(big->Message(), "SQ full")) << big->Message();
   EXPECT_GE(waited, kSqBoundMs);
   for (size_t k = 4; k < st.size(); ++k) EXPECT_EQ(st[k]->PeekCode(), StatusCode::IN_PROGRESS) << "write " << k;

@@ -268,10 +268,12 @@ TEST(DelayQueueTest, RunsInTimeOrderAndEndsPendingTasksOnStop) {
   q.After(40, task(2));
   q.After(5, task(1));
   q.After(60000, task(3));
-  ASSERT_TRUE(PollUntil([&] {
-    std::lock_guard<std::mutex> lk(mu);
-    return ran.size() == 2;
-  }, 5000));
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        std::lock_guard<std::mutex> lk(mu);
+        return ran.size() == 2;
+      },
+      5000));
   q.Stop();
   EXPECT_EQ(ran, (std::vector<int>{1, 2}));
   EXPECT_EQ(cancelled.load(), 1);

@@ -73,10 +73,21 @@ TEST(MergeContiguousTest, RandomizedPreservesTheByteMap) {
       in.push_back({lo, ro, sz});
       // Mostly contiguous on both sides, sometimes on one side only.
       switch (rng() % 4) {
-        case 0: lo += sz; ro += sz; break;
-        case 1: lo += sz; ro += sz + 1 + rng() % 5; break;
-        case 2: lo += sz + 1 + rng() % 5; ro += sz; break;
-        default: lo = rng() % 1000; ro = rng() % 1000;
+        case 0:
+          lo += sz;
+          ro += sz;
+          break;
+        case 1:
+          lo += sz;
+          ro += sz + 1 + rng() % 5;
+          break;
+        case 2:
+          lo += sz + 1 + rng() % 5;
+          ro += sz;
+          break;
+        default:
+          lo = rng() % 1000;
+          ro = rng() % 1000;
       }
     }
     const auto out = MergeContiguous(in);
@@ -147,7 +158,7 @@ TEST(SplitIntoStripesTest, SplitsAcrossSegmentBoundariesWithCorrectOffsets) {
   // 3 segments of 10, 3 stripes of 10 bytes, but cut at 10/20 only if
   // aligned; use sizes that force mid-segment cuts.
   const std::vector<Segment> in = {{0, 100, 7}, {50, 200, 7}, {90, 300, 7}};  // 21 bytes
-  const auto out = SplitIntoStripes(in, 3);                                    // 7 each
+  const auto out = SplitIntoStripes(in, 3);                                   // 7 each
   ASSERT_EQ(out.size(), 3u);
   const std::vector<Segment> s0 = {{0, 100, 7}}, s1 = {{50, 200, 7}}, s2 = {{90, 300, 7}};
   EXPECT_EQ(out[0], s0);

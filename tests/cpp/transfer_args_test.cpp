@@ -35,7 +35,7 @@ TEST(BuildSegmentsTest, CopiesValidSegmentsInOrderUpToTheLastByte) {
   std::string msg;
   ASSERT_EQ(Build(a, 100, 100, &out, &msg), StatusCode::SUCCESS) << msg;
   ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(out[1].local_off, 96u);  // ends exactly at the local end
+  EXPECT_EQ(out[1].local_off, 96u);   // ends exactly at the local end
   EXPECT_EQ(out[2].remote_off, 90u);  // ends exactly at the remote end
   EXPECT_EQ(out[2].size, 10u);
 }

@@ -59,6 +59,15 @@ def _target(conn, region: int, initiators: int, tcp: dict):
 
 def _initiator(idx: int, target_desc: bytes, mem_desc: bytes, region: int, seconds: float, hang_ms: int, seed: int,
                tcp: dict, out):
+    try:
+        _initiate(idx, target_desc, mem_desc, region, seconds, hang_ms, seed, tcp, out)
+    except Exception as ex:  # an API call raised: counted as lost, with the reason, not as a silent hang
+        out.put((idx, {"ops": 0, "bytes": 0, "lost": 1, "corrupt": 0, "hung": 0,
+                       "errors": [f"initiator {idx} raised {type(ex).__name__}: {ex}"]}))
+
+
+def _initiate(idx: int, target_desc: bytes, mem_desc: bytes, region: int, seconds: float, hang_ms: int, seed: int,
+              tcp: dict, out):
     rng = random.Random(seed * 1000 + idx)
     e = IOEngine(f"soak-init-{idx}-{os.getpid()}", IOEngineConfig("127.0.0.1", 0))
     e.create_backend(BackendType.TCP, TcpBackendConfig(**tcp))

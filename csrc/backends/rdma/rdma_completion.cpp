@@ -1,8 +1,8 @@
 #include "backends/rdma/rdma_completion.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 

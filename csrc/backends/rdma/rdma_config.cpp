@@ -36,8 +36,7 @@ RdmaConfig RdmaConfig::FromMap(const BackendConfig& given) {
   c.enable_notification = get("enable_notification") != 0;
   c.notif_per_qp = get("notif_per_qp");
   if (c.enable_notification && c.notif_per_qp == 0) {
-    throw Error(StatusCode::ERR_BAD_STATE,
-                "Invalid RDMA config: notifPerQp must be >= 1 when notification is enabled");
+    throw Error(StatusCode::ERR_BAD_STATE, "Invalid RDMA config: notifPerQp must be >= 1 when notification is enabled");
   }
   c.max_chunks_per_transfer = get("max_chunks_per_transfer");
   if (c.max_chunks_per_transfer < 1) {
@@ -50,8 +49,7 @@ RdmaConfig RdmaConfig::FromMap(const BackendConfig& given) {
   c.enable_transfer_chunking = get("enable_transfer_chunking") != 0;
   c.chunk_bytes = get("chunk_bytes");
   if (c.enable_transfer_chunking && c.chunk_bytes < 4096) {
-    throw Error(StatusCode::ERR_BAD_STATE,
-                "Invalid RDMA config: chunkBytes must be >= 4096 when chunking is enabled");
+    throw Error(StatusCode::ERR_BAD_STATE, "Invalid RDMA config: chunkBytes must be >= 4096 when chunking is enabled");
   }
   // Our own range checks for the rest (Error names the field and value).
   c.qp_per_transfer = get("qp_per_transfer");
@@ -61,8 +59,7 @@ RdmaConfig RdmaConfig::FromMap(const BackendConfig& given) {
   }
   c.num_worker_threads = get("num_worker_threads");
   if (c.num_worker_threads == 0) {
-    throw Error(StatusCode::ERR_INVALID_ARGS,
-                std::string(kName) + " config: num_worker_threads=0 (use -1 or >= 1)");
+    throw Error(StatusCode::ERR_INVALID_ARGS, std::string(kName) + " config: num_worker_threads=0 (use -1 or >= 1)");
   }
   c.poll_cq_mode = static_cast<PollCqMode>(get("poll_cq_mode"));
   c.gid_index = get("gid_index");

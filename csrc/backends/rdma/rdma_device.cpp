@@ -145,12 +145,12 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
       if (gi < 0) gi = d->roce ? PickRoceGid(api, *d, pa.gid_tbl_len) : 0;
       if (gi < 0 || gi >= pa.gid_tbl_len || api->query_gid(d->ctx, p, gi, &d->gid) != 0 || ZeroGid(d->gid)) {
         if (gid_index >= 0) {
-          skipped += " " + name + " port " + std::to_string(p) + " (no usable GID at index " +
-                     std::to_string(gi) + ", set by " + gid_from + ": " +
-                     (gi >= pa.gid_tbl_len ? "beyond the port's GID table of " + std::to_string(pa.gid_tbl_len) +
-                                                 " entries"
-                                           : std::string("that entry is empty or unreadable")) +
-                     ")";
+          skipped +=
+              " " + name + " port " + std::to_string(p) + " (no usable GID at index " + std::to_string(gi) +
+              ", set by " + gid_from + ": " +
+              (gi >= pa.gid_tbl_len ? "beyond the port's GID table of " + std::to_string(pa.gid_tbl_len) + " entries"
+                                    : std::string("that entry is empty or unreadable")) +
+              ")";
         } else {
           skipped += " " + name + " port " + std::to_string(p) + " (no usable GID" +
                      (gi >= 0 ? " at index " + std::to_string(gi) : std::string(": no IPv4-mapped RoCE v2 GID")) +
@@ -173,9 +173,8 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
     d->max_qp_wr = da.max_qp_wr;
     d->max_cqe = da.max_cqe;
     d->max_rd_atomic = std::max(1, std::min(da.max_qp_rd_atom, da.max_qp_init_rd_atom));
-    MORI_LOG(Info, "RDMA: using " << name << " port " << static_cast<int>(d->port) << " GID index "
-                                  << d->gid_index << " " << GidText(d->gid) << " MTU "
-                                  << (128 << static_cast<int>(d->active_mtu)));
+    MORI_LOG(Info, "RDMA: using " << name << " port " << static_cast<int>(d->port) << " GID index " << d->gid_index
+                                  << " " << GidText(d->gid) << " MTU " << (128 << static_cast<int>(d->active_mtu)));
     out.push_back(std::move(d));
   }
   for (const std::string& w : wanted) {

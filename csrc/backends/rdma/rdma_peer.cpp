@@ -9,8 +9,8 @@
 #include "backends/rdma/rdma_backend.h"
 #include "backends/rdma/rdma_protocol.h"
 #include "core/byte_io.h"
-#include "core/crypto.h"
 #include "core/control_plane.h"
+#include "core/crypto.h"
 #include "core/logging.h"
 #include "core/thread_name.h"
 
@@ -101,9 +101,9 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
   auto c = std::make_shared<Conn>();
   c->shared = shared_;
   const std::string where = "RDMA connection to engine '" + remote_.key + "'";
-  c->sock = OpenEngineConnection(*shared_->ctx.self, remote_, ConnectionKind::Data,
-                                 static_cast<uint8_t>(BackendType::RDMA), static_cast<int>(cfg.connect_timeout_ms),
-                                 shared_->ctx.secret);
+  c->sock =
+      OpenEngineConnection(*shared_->ctx.self, remote_, ConnectionKind::Data, static_cast<uint8_t>(BackendType::RDMA),
+                           static_cast<int>(cfg.connect_timeout_ms), shared_->ctx.secret);
   const size_t rails = std::min<size_t>(shared_->rails.size(), static_cast<size_t>(cfg.num_nics_per_transfer));
   const size_t nqp = static_cast<size_t>(cfg.qp_per_transfer) * rails;
   // One depth for every QP: the smallest limit of the rails in use.
@@ -147,7 +147,7 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
     if (!(fds[1].revents & POLLIN)) raw->Break("engine '" + key + "' closed the RDMA connection (process gone?)");
   });
   MORI_LOG(Debug, "RDMA: connected to engine '" << remote_.key << "' with " << nqp << " QPs on " << rails
-                                                 << " rail(s), send queue depth " << depth);
+                                                << " rail(s), send queue depth " << depth);
   return c;
 }
 
@@ -167,8 +167,8 @@ RdmaPeer::RemoteKeys RdmaPeer::KeysOf(Conn& c, const MemoryDesc& remote) {
     auto it = c.keys.find(remote.id);
     // Keys only for the token they were handed out for; another (forged)
     // descriptor of the same id asks the target, which refuses it.
-    if (it != c.keys.end() && crypto::ConstantTimeEqual(it->second.token.data(), remote.token.data(),
-                                                        remote.token.size())) {
+    if (it != c.keys.end() &&
+        crypto::ConstantTimeEqual(it->second.token.data(), remote.token.data(), remote.token.size())) {
       return it->second;
     }
   }
@@ -205,8 +205,8 @@ void RdmaPeer::PrepareStream(const LocalMemory& local, const MemoryDesc& /*remot
   try {
     shared_->mrs.RegisterOnAllRails(local.desc);
   } catch (const Error& e) {
-    MORI_LOG(Info, "RDMA: stream-ordered transfers of GPU memory " << local.desc.id
-                                                                   << " use pinned staging: " << e.what());
+    MORI_LOG(Info,
+             "RDMA: stream-ordered transfers of GPU memory " << local.desc.id << " use pinned staging: " << e.what());
   }
 }
 
@@ -231,8 +231,8 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   xfer->local = MemoryUse(op.local);
   xfer->verb = op.is_read ? "RDMA READ" : "RDMA WRITE";
   if (!xfer->local) {
-    throw Error(StatusCode::ERR_NOT_FOUND, "local memory " + std::to_string(op.local->desc.id) +
-                                               " was deregistered before the transfer started");
+    throw Error(StatusCode::ERR_NOT_FOUND,
+                "local memory " + std::to_string(op.local->desc.id) + " was deregistered before the transfer started");
   }
   const MemoryDesc& local = xfer->local->desc;
   const RemoteKeys keys = KeysOf(c, op.remote);
@@ -245,8 +245,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   // (or the chunk size), spread over the QPs by bytes.
   std::vector<Segment> segs = std::move(op.segs);
   if (!SortedByRemote(segs)) {
-    std::sort(segs.begin(), segs.end(),
-              [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
+    std::sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
   }
   segs = MergeContiguous(segs);
   const uint64_t total = TotalBytes(segs);

@@ -27,8 +27,7 @@ constexpr uint32_t kMaxNoticeBuffersPerQp = 1 << 16;
 
 // Sends a request and returns the reply payload; an Error frame or a broken
 // connection becomes a thrown Error naming `where`.
-std::vector<uint8_t> CallBackend(int fd, const std::vector<uint8_t>& request, int timeout_ms,
-                                 const std::string& where);
+std::vector<uint8_t> CallBackend(int fd, const std::vector<uint8_t>& request, int timeout_ms, const std::string& where);
 
 }  // namespace rdma
 }  // namespace mori_torch

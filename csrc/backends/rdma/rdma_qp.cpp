@@ -116,17 +116,19 @@ void RdmaQp::Connect(const QpInfo& remote) {
   int rc = api->modify_qp(qp_, &a,
                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  if (rc) Throw(*dev_, "modify QP to RTR (remote GID " + GidText(remote.gid) + ", QPN " + std::to_string(remote.qpn) + ")", rc);
+  if (rc)
+    Throw(*dev_, "modify QP to RTR (remote GID " + GidText(remote.gid) + ", QPN " + std::to_string(remote.qpn) + ")",
+          rc);
   ibv_qp_attr s{};
   s.qp_state = IBV_QPS_RTS;
-  s.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try
+  s.timeout = 14;  // 4.096 us * 2^14 = 67 ms per try
   s.retry_cnt = 7;
   s.rnr_retry = 7;  // receiver-not-ready: retry without limit
   s.sq_psn = psn_;
   s.max_rd_atomic = static_cast<uint8_t>(std::min(dev_->max_rd_atomic, 255));
-  rc = api->modify_qp(qp_, &s,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                          IBV_QP_MAX_QP_RD_ATOMIC);
+  rc = api->modify_qp(
+      qp_, &s,
+      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
   if (rc) Throw(*dev_, "modify QP to RTS", rc);
   started_.store(true);
   worker_->Add(cq_, this);

@@ -35,8 +35,8 @@ NoticeCollector::~NoticeCollector() {
 void NoticeCollector::Arrive(uint64_t uid, uint32_t parts_total) {
   g_received.fetch_add(1);
   if (parts_total == 0 || parts_total > max_parts_) {
-    MORI_LOG(Warning, "RDMA: notice from engine '" << peer_key_ << "' claims " << parts_total
-                                                   << " parts (at most " << max_parts_ << "); dropped");
+    MORI_LOG(Warning, "RDMA: notice from engine '" << peer_key_ << "' claims " << parts_total << " parts (at most "
+                                                   << max_parts_ << "); dropped");
     return;
   }
   if (parts_total > 1) {
@@ -55,8 +55,10 @@ void NoticeCollector::Arrive(uint64_t uid, uint32_t parts_total) {
 
 RecvQp::RecvQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t recv_depth,
                std::string peer_key, std::shared_ptr<NoticeCollector> notices)
-    : RdmaQp(std::move(dev), rail, worker, 1, recv_depth), peer_key_(std::move(peer_key)),
-      notices_(std::move(notices)), bufs_(recv_depth) {
+    : RdmaQp(std::move(dev), rail, worker, 1, recv_depth),
+      peer_key_(std::move(peer_key)),
+      notices_(std::move(notices)),
+      bufs_(recv_depth) {
   if (recv_depth == 0) return;
   mr_ = dev_->api->reg_mr(dev_->pd, bufs_.data(), bufs_.size() * sizeof(NoticeWire), IBV_ACCESS_LOCAL_WRITE);
   if (!mr_) {
@@ -80,16 +82,16 @@ void RecvQp::PostRecv(uint32_t index) {
   ibv_recv_wr* bad = nullptr;
   int rc = ibv_post_recv(qp_, &wr, &bad);
   if (rc && !closed()) {
-    MORI_LOG(Warning, "RDMA: re-posting a notice buffer for engine '" << peer_key_ << "' failed: "
-                                                                      << std::strerror(rc));
+    MORI_LOG(Warning,
+             "RDMA: re-posting a notice buffer for engine '" << peer_key_ << "' failed: " << std::strerror(rc));
   }
 }
 
 void RecvQp::OnCompletion(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR) {
-      MORI_LOG(Warning, "RDMA: notice receive from engine '" << peer_key_ << "' failed: "
-                                                             << dev_->api->wc_status_str(wc.status));
+      MORI_LOG(Warning, "RDMA: notice receive from engine '" << peer_key_
+                                                             << "' failed: " << dev_->api->wc_status_str(wc.status));
     }
     return;
   }

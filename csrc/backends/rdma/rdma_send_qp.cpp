@@ -28,10 +28,9 @@ std::string CompletionError(const VerbsApi* api, const ibv_wc& wc, const char* v
 
 SendQp::SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth,
                std::string peer_key)
-    : RdmaQp(std::move(dev), rail, worker, depth, 0), depth_(depth), peer_key_(std::move(peer_key)),
-      notices_(depth) {
-  notice_mr_ = dev_->api->reg_mr(dev_->pd, notices_.data(), notices_.size() * sizeof(NoticeWire),
-                                 IBV_ACCESS_LOCAL_WRITE);
+    : RdmaQp(std::move(dev), rail, worker, depth, 0), depth_(depth), peer_key_(std::move(peer_key)), notices_(depth) {
+  notice_mr_ =
+      dev_->api->reg_mr(dev_->pd, notices_.data(), notices_.size() * sizeof(NoticeWire), IBV_ACCESS_LOCAL_WRITE);
   if (!notice_mr_) {
     throw Error(StatusCode::ERR_RDMA_OP,
                 "RDMA (" + dev_->name + "): ibv_reg_mr of the notice buffers: " + std::strerror(errno));
@@ -198,9 +197,9 @@ void SendQp::OnClosed() {
     room_.notify_all();
   }
   for (Chain* c : left) {
-    c->xfer->tracker->PartDone(StatusCode::ERR_RDMA_OP, std::string(c->xfer->verb) + " to engine '" + peer_key_ +
-                                                            "' did not complete: " + broken_reason_,
-                                path);
+    c->xfer->tracker->PartDone(
+        StatusCode::ERR_RDMA_OP,
+        std::string(c->xfer->verb) + " to engine '" + peer_key_ + "' did not complete: " + broken_reason_, path);
     delete c;
   }
 }

@@ -51,8 +51,7 @@ void FailNextPostedQpsForTest(int n);
 
 class SendQp : public RdmaQp {
  public:
-  SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth,
-         std::string peer_key);
+  SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth, std::string peer_key);
   ~SendQp() override;
 
   uint32_t depth() const { return depth_; }
@@ -93,7 +92,7 @@ class SendQp : public RdmaQp {
   uint32_t used_ = 0;
   bool broken_ = false;
   std::string broken_reason_;
-  bool broken_path_ = true;  // broken_ by a failure of the path (Break's path_failed)
+  bool broken_path_ = true;         // broken_ by a failure of the path (Break's path_failed)
   std::deque<Chain*> outstanding_;  // in posting order; completions come in order
   std::vector<NoticeWire> notices_;
   ibv_mr* notice_mr_ = nullptr;

@@ -43,12 +43,10 @@ Loaded Load() {
   l.ok = Resolve(lib, "ibv_get_device_list", &a.get_device_list, &w) &&
          Resolve(lib, "ibv_free_device_list", &a.free_device_list, &w) &&
          Resolve(lib, "ibv_get_device_name", &a.get_device_name, &w) &&
-         Resolve(lib, "ibv_open_device", &a.open_device, &w) &&
-         Resolve(lib, "ibv_close_device", &a.close_device, &w) &&
-         Resolve(lib, "ibv_query_device", &a.query_device, &w) &&
-         Resolve(lib, "ibv_query_port", &a.query_port, &w) && Resolve(lib, "ibv_query_gid", &a.query_gid, &w) &&
-         Resolve(lib, "ibv_alloc_pd", &a.alloc_pd, &w) && Resolve(lib, "ibv_dealloc_pd", &a.dealloc_pd, &w) &&
-         Resolve(lib, "ibv_reg_mr", &a.reg_mr, &w) &&
+         Resolve(lib, "ibv_open_device", &a.open_device, &w) && Resolve(lib, "ibv_close_device", &a.close_device, &w) &&
+         Resolve(lib, "ibv_query_device", &a.query_device, &w) && Resolve(lib, "ibv_query_port", &a.query_port, &w) &&
+         Resolve(lib, "ibv_query_gid", &a.query_gid, &w) && Resolve(lib, "ibv_alloc_pd", &a.alloc_pd, &w) &&
+         Resolve(lib, "ibv_dealloc_pd", &a.dealloc_pd, &w) && Resolve(lib, "ibv_reg_mr", &a.reg_mr, &w) &&
          Resolve(lib, "ibv_reg_dmabuf_mr", &a.reg_dmabuf_mr, &w, /*required=*/false) &&
          Resolve(lib, "ibv_dereg_mr", &a.dereg_mr, &w) &&
          Resolve(lib, "ibv_create_comp_channel", &a.create_comp_channel, &w) &&

@@ -1,8 +1,7 @@
 // BackendType.TCP: host memory over plain TCP, zero-copy from and into the
 // registered buffers; GPU memory through pinned staging buffers, with the
-// device copies pipelined against the socket I/O (tcp_staged_io.h). Each peer gets num_data_conns connections (opened on
-// first use, reopened after a failure); transfers of at least
-// striping_threshold_bytes are striped across them.
+// device copies pipelined against the socket I/O (tcp_staged_io.h). Each peer gets num_data_conns connections (opened
+// on first use, reopened after a failure); transfers of at least striping_threshold_bytes are striped across them.
 #pragma once
 
 #include <atomic>

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include <poll.h>
 #include <linux/sockios.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -11,8 +11,8 @@
 #include <cerrno>
 
 #include "backends/tcp/tcp_staged_io.h"
-#include "core/retry_driver.h"
 #include "core/logging.h"
+#include "core/retry_driver.h"
 
 namespace mori_torch {
 namespace tcp {
@@ -124,9 +124,7 @@ void DataConn::BreakOnIo(const IoResult& r, const std::string& timeout_what) {
   }
 }
 
-bool DataConn::Unbusy(Part& p) {
-  return --p.busy == 0 && p.has_result;
-}
+bool DataConn::Unbusy(Part& p) { return --p.busy == 0 && p.has_result; }
 
 bool DataConn::DeferIfBusy(Part& p, StatusCode code, const std::string& msg, bool path_failed) {
   if (p.busy == 0) return false;
@@ -443,8 +441,8 @@ bool DataConn::ReceiveOne() {
     MemoryUse use(head->local);
     if (use && OnGpu(use->desc)) {
       std::string gpu_error;
-      r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true},
-                     bound, &gpu_error);
+      r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true}, bound,
+                     &gpu_error);
       if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), bound);
       if (!gpu_error.empty()) {
         code = StatusCode::ERR_GPU_OP;

@@ -44,7 +44,7 @@ struct Part {
   TransferUid uid = 0;
   uint32_t parts_total = 1;
   uint32_t part_index = 0;
-  uint16_t attempt = 0;  // TransferOp::attempt
+  uint16_t attempt = 0;                      // TransferOp::attempt
   std::shared_ptr<TransferTracker> tracker;  // null for notices
   Deadline deadline;
 

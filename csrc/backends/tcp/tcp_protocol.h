@@ -44,10 +44,10 @@ struct RequestHeader {
   uint64_t mem_id;       // target memory id
   uint64_t total_bytes;  // sum of segment sizes
   uint32_t num_segs;
-  uint32_t parts_total;   // requests that make up transfer `uid`
-  uint64_t incarnation;   // of the target engine, from the memory's descriptor
-  uint8_t token[16];      // the target memory's token (MemoryDesc::token)
-  uint64_t part_index;    // which of the parts_total requests: notices count each once
+  uint32_t parts_total;  // requests that make up transfer `uid`
+  uint64_t incarnation;  // of the target engine, from the memory's descriptor
+  uint8_t token[16];     // the target memory's token (MemoryDesc::token)
+  uint64_t part_index;   // which of the parts_total requests: notices count each once
 };
 static_assert(sizeof(RequestHeader) == 80, "RequestHeader layout");
 

@@ -55,13 +55,12 @@ struct PendingCopy {
 XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg_(cfg), ctx_(ctx) {
   if (gpu::DeviceCount() == 0) {
     throw Error(StatusCode::ERR_BAD_STATE, gpu::Compiled() ? "create_backend(XGMI): no GPU is visible"
-                                                            : "create_backend(XGMI): this build has no GPU support");
+                                                           : "create_backend(XGMI): this build has no GPU support");
   }
   ownership_ = FindService<MemoryOwnership>(ctx_);
   if (!ownership_) throw Error(StatusCode::ERR_BAD_STATE, "create_backend(XGMI): the engine has no memory ownership");
-  ownership_->SetRevoker([this](const std::string& owner, const std::vector<MemoryId>& ids) {
-    RevokeRemoteMemory(owner, ids);
-  });
+  ownership_->SetRevoker(
+      [this](const std::string& owner, const std::vector<MemoryId>& ids) { RevokeRemoteMemory(owner, ids); });
   completion_thread_ = std::thread([this] {
     SetThreadName("mori-xgmi-done");
     CompletionLoop();
@@ -165,8 +164,8 @@ std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext& dc, size_t ent
     // Skipping a too-small idle list instead made a batch that outgrew the
     // pool allocate a new list every time until num_streams lists existed.
     auto& idle = dc.idle_lists;
-    const bool front_ready = !idle.empty() && gpu::QueryEvent(idle.front()->copied) == 1 &&
-                             gpu::QueryEvent(idle.front()->consumed) == 1;
+    const bool front_ready =
+        !idle.empty() && gpu::QueryEvent(idle.front()->copied) == 1 && gpu::QueryEvent(idle.front()->consumed) == 1;
     if (front_ready || (!idle.empty() && dc.list_count >= static_cast<size_t>(cfg_.num_streams))) {
       list = std::move(idle.front());
       idle.pop_front();
@@ -239,8 +238,10 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
       const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
       const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
       for (uint64_t off = 0; off < s.size && fits; off += piece) {
-        if (n == gpu::kInlineSegments) fits = false;
-        else inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+        if (n == gpu::kInlineSegments)
+          fits = false;
+        else
+          inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
       }
     }
     if (fits) {
@@ -303,8 +304,8 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
   pending->status = status;
   pending->use = MemoryUse(op.local);
   if (!pending->use) {
-    status->Update(StatusCode::ERR_NOT_FOUND, "local memory " + std::to_string(op.local->desc.id) +
-                                                  " was deregistered");
+    status->Update(StatusCode::ERR_NOT_FOUND,
+                   "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
     return;
   }
   const int dev = op.local->desc.device_id;
@@ -453,8 +454,7 @@ void XgmiBackend::Shutdown() {
 XgmiPeer::XgmiPeer(XgmiBackend* backend, EngineDesc remote)
     : backend_(backend),
       remote_(std::move(remote)),
-      same_process_(remote_.pid == static_cast<int32_t>(getpid()) &&
-                    remote_.node_id == backend->ctx().self->node_id) {}
+      same_process_(remote_.pid == static_cast<int32_t>(getpid()) && remote_.node_id == backend->ctx().self->node_id) {}
 
 XgmiPeer::~XgmiPeer() { Close(); }
 
@@ -604,9 +604,10 @@ void XgmiPeer::Submit(TransferOp op) {
     const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
     // Memory that is gone fails the transfer; a mapping that could not be
     // made (IPC open refused) fails the path: another backend may serve it.
-    op.status->Update(gone ? e.code() : StatusCode::ERR_GPU_OP,
-                      "mapping memory " + std::to_string(op.remote.id) + " of engine '" + remote_.key + "': " + e.what(),
-                      /*path_failed=*/!gone);
+    op.status->Update(
+        gone ? e.code() : StatusCode::ERR_GPU_OP,
+        "mapping memory " + std::to_string(op.remote.id) + " of engine '" + remote_.key + "': " + e.what(),
+        /*path_failed=*/!gone);
     return;
   }
   backend_->Run(std::move(op), base);

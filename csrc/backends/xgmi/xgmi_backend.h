@@ -69,7 +69,7 @@ struct DeviceContext {
   struct Lane {
     gpu::Stream stream = nullptr;  // copies and kernels
     gpu::Stream upload = nullptr;  // segment-list uploads
-    std::mutex mu;  // one submitter at a time per lane
+    std::mutex mu;                 // one submitter at a time per lane
   };
   int device = -1;
   uint32_t resident_groups = 1;  // segment-copy thread groups that run at once
@@ -165,8 +165,8 @@ class XgmiBackend : public Backend {
  private:
   DeviceContext& Device(int device);
   // Enqueues the copy kernel(s) for `segs` (merged, non-empty) on `lane`.
-  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
-                     uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read);
+  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs, uint64_t total,
+                     uint64_t dst_base, uint64_t src_base, bool is_read);
   // A list of at least `entries` entries: the oldest idle one when the GPU
   // is done with it, else a new one while fewer than num_streams exist.
   std::unique_ptr<SegmentList> TakeList(DeviceContext& dc, size_t entries);

@@ -51,8 +51,8 @@ void MemoryOwnership::HandleWatch(const EngineDesc& peer, const std::string& pee
     case LocalMemory::WatchResult::kAdded:
       break;
     case LocalMemory::WatchResult::kRetired:
-      throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(m->desc.id) + " of engine '" +
-                                                 ctx_.self->key + "' is being deregistered");
+      throw Error(StatusCode::ERR_NOT_FOUND,
+                  "memory " + std::to_string(m->desc.id) + " of engine '" + ctx_.self->key + "' is being deregistered");
     case LocalMemory::WatchResult::kFull:
       refused_watchers_.fetch_add(1);
       throw Error(StatusCode::ERR_BAD_STATE, "MemWatch: memory " + std::to_string(m->desc.id) + " already has " +
@@ -87,9 +87,8 @@ void MemoryOwnership::Watch(const MemoryDesc& remote) {
   auto m = ctx_.memory->Find(remote.id, remote.token);  // a transfer within this engine
   if (!m || m->desc.data != remote.data || m->desc.size != remote.size ||
       m->AddWatcher(*ctx_.self) != LocalMemory::WatchResult::kAdded) {
-    throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(remote.id) +
-                                               " is not registered with engine '" + ctx_.self->key +
-                                               "' (deregistered?)");
+    throw Error(StatusCode::ERR_NOT_FOUND, "memory " + std::to_string(remote.id) + " is not registered with engine '" +
+                                               ctx_.self->key + "' (deregistered?)");
   }
 }
 

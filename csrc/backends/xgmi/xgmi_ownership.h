@@ -31,8 +31,7 @@ class MemoryOwnership : public EngineService {
   ~MemoryOwnership() override;
 
   bool Handles(FrameType type) const override;
-  void HandleControl(const EngineDesc& peer, const std::string& peer_ip, const Frame& request,
-                     Frame* reply) override;
+  void HandleControl(const EngineDesc& peer, const std::string& peer_ip, const Frame& request, Frame* reply) override;
   void Shutdown() override;
 
   // Importer side: makes this engine a watcher of `remote` at its owner (or
