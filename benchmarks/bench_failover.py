@@ -27,7 +27,6 @@ import platform
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -38,8 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
-from mori_torch.io import BackendType, IOEngine, IOEngineConfig, StatusCode, TcpBackendConfig  # noqa: E402
 import socket_kill  # noqa: E402
+from mori_torch.io import BackendType, IOEngine, IOEngineConfig, StatusCode, TcpBackendConfig  # noqa: E402
 
 NBYTES = 16 << 20
 

@@ -32,9 +32,16 @@ import torch
 
 import mori_torch
 from mori_torch import ops
+from mori_torch.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    TcpBackendConfig,
+    XgmiBackendConfig,
+)
 from mori_torch.rendezvous import LookupTimeout, TorchStoreDirectory
-from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
-                           XgmiBackendConfig)
 
 HEAD_DIM = 128  # bf16 elements per row; a page holds page_bytes / (2 * HEAD_DIM) rows
 

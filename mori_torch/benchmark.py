@@ -533,7 +533,6 @@ def _target_main(conn, cfg: dict) -> None:
     lsock = None
     socks: List[socket.socket] = []
     try:
-        import torch
 
         from mori_torch import io
 

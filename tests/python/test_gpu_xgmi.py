@@ -1,7 +1,6 @@
 """GPU memory and the GPU peer backend (BackendType.XGMI): same process and
 across processes, same device and across devices. Skipped without a GPU."""
 import multiprocessing as mp
-import os
 import random
 import time
 

@@ -7,7 +7,7 @@ layer's attention and then writes the KV of the step's tokens (random bytes
 seeded by the instance's salt), as attention would."""
 import os
 import traceback
-from typing import Dict, List
+from typing import List
 
 import torch
 

@@ -20,8 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, ROOT)
 
 from mori_torch import ops  # noqa: E402
-from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc,  # noqa: E402
-                           TcpBackendConfig)
+from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig  # noqa: E402
 
 PAGE = 16384
 PAGES = 256
