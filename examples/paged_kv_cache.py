@@ -160,9 +160,10 @@ def wait_for_prefill(directory, proc, timeout_s=300):
     while True:
         try:
             return directory.lookup("kv-prefill", timeout_s=1)
-        except LookupTimeout:
+        except LookupTimeout as e:
             if not proc.is_alive():
-                raise SystemExit(f"the prefill process exited (code {proc.exitcode}) before publishing its cache")
+                raise SystemExit(f"the prefill process exited (code {proc.exitcode})"
+                                 " before publishing its cache") from e
             if time.monotonic() >= deadline:
                 raise
 

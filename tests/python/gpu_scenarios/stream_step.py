@@ -251,7 +251,7 @@ def expect_error(h, kind, *needles):
         msg = str(e)
         for n in needles:
             if n not in msg:
-                raise SystemExit(f"FAIL {kind}: error lacks {n!r}: {msg}")
+                raise SystemExit(f"FAIL {kind}: error lacks {n!r}: {msg}") from e
         return msg
     raise SystemExit(f"FAIL {kind}: no error raised")
 
