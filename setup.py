@@ -26,8 +26,8 @@ except ImportError:
     # pyproject.toml does not list torch as a build requirement, so under
     # build isolation this is where we land, before anything is compiled.
     sys.exit("error: " + NEEDS_INSTALLED_TORCH)
-from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
+from setuptools import find_packages, setup  # noqa: E402
+from setuptools.command.build_py import build_py  # noqa: E402
 
 
 def _fix_cuda_home():
@@ -69,7 +69,8 @@ if with_cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.i
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
 
 cpp_sources = sources(
-    "csrc/base/*.cpp", "csrc/core/*.cpp", "csrc/stream/*.cpp", "csrc/gpu/*.cpp", "csrc/backends/*.cpp", "csrc/backends/*/*.cpp", "csrc/torch/*.cpp"
+    "csrc/base/*.cpp", "csrc/core/*.cpp", "csrc/stream/*.cpp", "csrc/gpu/*.cpp", "csrc/backends/*.cpp",
+    "csrc/backends/*/*.cpp", "csrc/torch/*.cpp"
 )
 gpu_sources = sources("csrc/gpu/*.cu") if gpu else []
 

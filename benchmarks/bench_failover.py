@@ -27,7 +27,6 @@ import platform
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -38,8 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
-from mori_torch.io import BackendType, IOEngine, IOEngineConfig, StatusCode, TcpBackendConfig  # noqa: E402
 import socket_kill  # noqa: E402
+from mori_torch.io import BackendType, IOEngine, IOEngineConfig, StatusCode, TcpBackendConfig  # noqa: E402
 
 NBYTES = 16 << 20
 
@@ -169,7 +168,7 @@ def on_off_cost(s: Setup, size: int, iters: int) -> dict:
         s.verify(m, size)
     t = {"on": [], "off": []}
     order = ("on", "off", "off", "on")
-    for i in range(iters):
+    for _ in range(iters):
         for m in order:
             t[m].append(s.write(m, size))
     on, off = statistics.median(t["on"]), statistics.median(t["off"])
@@ -206,8 +205,8 @@ def main():
                   f"{r.get('median_retried_ms')} ms, added {r.get('added_ms')} ms ({len(r['retried_ms'])} retried)")
         out["kill_loop"] = kill_loop_throughput(s, args.loop_seconds, args.kill_period_s, socket_kill.supported())
         k = out["kill_loop"]
-        print(f"kill loop ({k['method']}, every {k['period_s']} s, {k['kills']} sockets killed, {k['retries']} retries, "
-              f"{k['exhausted']} failed): killed/calm throughput {k['ratio_killed_over_calm']}")
+        print(f"kill loop ({k['method']}, every {k['period_s']} s, {k['kills']} sockets killed, "
+              f"{k['retries']} retries, {k['exhausted']} failed): killed/calm throughput {k['ratio_killed_over_calm']}")
     except _SkipToCost:
         pass
     try:

@@ -44,12 +44,18 @@ import time
 
 import torch
 
-from mori_torch import ops
-from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
-                          XgmiBackendConfig)
-from mori_torch.paged_kv import KVLayout, PullsAhead, StaticPageTables
-
 from bench_ops import capture_graph  # benchmarks/ is this script's folder
+from mori_torch import ops
+from mori_torch.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    TcpBackendConfig,
+    XgmiBackendConfig,
+)
+from mori_torch.paged_kv import KVLayout, PullsAhead, StaticPageTables
 
 HEADS, BS, C2 = 8, 16, 64  # a block of one layer: [8 heads, 16 tokens, 2*32] bf16
 PAGE = HEADS * BS * C2 * 2  # 16 KiB

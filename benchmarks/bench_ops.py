@@ -36,8 +36,7 @@ import time
 import torch
 
 from mori_torch import ops
-from mori_torch.io import (BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
-                           XgmiBackendConfig)
+from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig, XgmiBackendConfig
 
 PAGE = 4096
 PAGES = 1024

@@ -50,7 +50,8 @@ def pct(xs, q):
 
 def summary(xs_s):
     us = [x * 1e6 for x in xs_s]
-    return {"p50_us": round(pct(us, 0.5), 1), "p90_us": round(pct(us, 0.9), 1), "mean_us": round(statistics.mean(us), 1)}
+    return {"p50_us": round(pct(us, 0.5), 1), "p90_us": round(pct(us, 0.9), 1),
+            "mean_us": round(statistics.mean(us), 1)}
 
 
 def raw_round_trip(kind, d, payload: bytes, iters):
@@ -160,7 +161,8 @@ def main():
             r = bench_publish_lookup(kind, address, args.iters)
             records.append(r)
             print(f"{kind:<9} {r['entry_bytes']:>8} {r['publish']['p50_us']:>10.0f}/{r['publish']['p90_us']:<9.0f}"
-                  f" {r['baseline_raw_put']['p50_us']:>12.0f} {r['lookup']['p50_us']:>9.0f}/{r['lookup']['p90_us']:<9.0f}"
+                  f" {r['baseline_raw_put']['p50_us']:>12.0f}"
+                  f" {r['lookup']['p50_us']:>9.0f}/{r['lookup']['p90_us']:<9.0f}"
                   f" {r['baseline_raw_get']['p50_us']:>12.0f}")
         print(f"\n{'store':<9} {'TTL s':>6} {'SIGKILL -> peer left (s)':>40} {'max/TTL':>8}")
         for ttl in args.ttls:

@@ -54,7 +54,7 @@ def child(iters: int) -> dict:
         assert st.Code() == StatusCode.SUCCESS, st.Message()
 
     rates = []
-    for r in range(max(iters // 256, 5)):
+    for _ in range(max(iters // 256, 5)):
         t0 = time.perf_counter_ns()
         sts = [sess.write(k * 4096, k * 4096, 4096, k) for k in range(256)]
         assert a.wait_all(sts) == StatusCode.SUCCESS
@@ -62,7 +62,8 @@ def child(iters: int) -> dict:
     counted = a.stats()["total"]["transfers"]
     a.shutdown()
     b.shutdown()
-    return {"sync_64B_p50_us": statistics.median(lat) / 1000, "sync_64B_p99_us": sorted(lat)[int(len(lat) * 0.99)] / 1000,
+    return {"sync_64B_p50_us": statistics.median(lat) / 1000,
+            "sync_64B_p99_us": sorted(lat)[int(len(lat) * 0.99)] / 1000,
             "pipelined_4KiB_per_s": statistics.median(rates), "transfers_counted": counted}
 
 

@@ -92,11 +92,11 @@ def main():
 
     # Session batch: one memory pair, n segments.
     base = None
-    for form, (l, r, s) in forms(lo, ro, sizes).items():
+    for form, (lf, rf, sf) in forms(lo, ro, sizes).items():
         dst.zero_()
-        sess.batch_write(l, r, s, sess.allocate_transfer_uid()).Wait()
+        sess.batch_write(lf, rf, sf, sess.allocate_transfer_uid()).Wait()
         assert torch.equal(dst.view(n, seg)[torch.tensor(perm)], src.view(n, seg)), form
-        ns = timed(lambda: sess.batch_write(l, r, s, sess.allocate_transfer_uid()), args.repeats)
+        ns = timed(lambda: sess.batch_write(lf, rf, sf, sess.allocate_transfer_uid()), args.repeats)
         base = ns if form == "tensors" else base
         record("session", form, ns, base, n)
     # The path lists took before they were converted in C: TorchScript's List[int].
@@ -110,7 +110,8 @@ def main():
     for form in ("tensors", "lists", "numpy"):
         chunks = [forms(lo[i * per:(i + 1) * per], ro[i * per:(i + 1) * per], sizes[:per])[form] for i in range(k)]
         los, ros, szs = ([c[j] for c in chunks] for j in range(3))
-        ns = timed(lambda: a.batch_write([sd] * k, los, [dd] * k, ros, szs, [a.allocate_transfer_uid() for _ in range(k)]),
+        ns = timed(lambda: a.batch_write([sd] * k, los, [dd] * k, ros, szs,
+                                         [a.allocate_transfer_uid() for _ in range(k)]),
                    args.repeats)
         base = ns if form == "tensors" else base
         record("engine", form, ns, base, per * k)

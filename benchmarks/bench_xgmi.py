@@ -161,7 +161,7 @@ class Bench:
         the part spent in the submitting call alone."""
         lat, sub = [], []
         write = sess._s.write if raw else sess.write
-        for i in range(n):
+        for _ in range(n):
             t0 = time.perf_counter()
             st = write(0, 0, 4096, 1)
             t1 = time.perf_counter()

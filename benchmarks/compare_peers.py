@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -269,7 +269,8 @@ class Mooncake:
         protocol = cfg["mooncake_gpu_protocol"] if mem == "gpu" else "tcp"
         rc = self.te.initialize(HOST, "P2PHANDSHAKE", protocol, "")
         if rc != 0:
-            raise RuntimeError(f"Mooncake TransferEngine.initialize({HOST!r}, 'P2PHANDSHAKE', {protocol!r}) returned {rc}")
+            raise RuntimeError(f"Mooncake TransferEngine.initialize({HOST!r}, 'P2PHANDSHAKE', {protocol!r})"
+                               f" returned {rc}")
 
     def version(self) -> str:
         return _dist_version(DIST["mooncake"])
@@ -741,14 +742,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--mem", nargs="+", choices=("gpu", "cpu"), default=None,
                     help="paths to run (default: gpu and cpu with a GPU, cpu without)")
     ap.add_argument("--libs", nargs="+", choices=PEERS, default=list(PEERS), help="libraries to compare (default: all)")
-    ap.add_argument("--quick", action="store_true", help="small workloads (4 MiB, 1,024 x 16 KiB, 512 x 4 KiB) for tests")
-    ap.add_argument("--iters", type=int, default=None, help="timed calls per throughput workload (default: ~4 GB moved, 5..50)")
-    ap.add_argument("--lat-samples", type=int, default=1000, help="4 KiB reads timed for the latency distribution (default: 1000)")
+    ap.add_argument("--quick", action="store_true",
+                    help="small workloads (4 MiB, 1,024 x 16 KiB, 512 x 4 KiB) for tests")
+    ap.add_argument("--iters", type=int, default=None,
+                    help="timed calls per throughput workload (default: ~4 GB moved, 5..50)")
+    ap.add_argument("--lat-samples", type=int, default=1000,
+                    help="4 KiB reads timed for the latency distribution (default: 1000)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls per workload (default: 3)")
     ap.add_argument("--device", type=int, default=0, help="GPU of both processes (default: 0)")
     ap.add_argument("--mooncake-gpu-protocol", default="rdma",
-                    help="Mooncake's protocol argument on GPU memory; MC_INTRANODE_NVLINK=1 picks the intra-node NVLink "
-                    "transport whatever it says (default: rdma, as Mooncake's own intra-NVLink check passes)")
+                    help="Mooncake's protocol argument on GPU memory; MC_INTRANODE_NVLINK=1 picks the intra-node "
+                    "NVLink transport whatever it says (default: rdma, as Mooncake's own intra-NVLink check passes)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one library's run may take (default: 300)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", help="write the report (JSON) here")
@@ -779,8 +783,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rec = run_library(lib, mem, cfg)
             report["results"].append(rec)
             if rec["status"] != "ok":
-                print(f"   {rec['status']}: {rec.get('detail', '').strip().splitlines()[-1] if rec.get('detail') else ''}",
-                      file=sys.stderr, flush=True)
+                last = rec.get("detail", "").strip().splitlines()[-1] if rec.get("detail") else ""
+                print(f"   {rec['status']}: {last}", file=sys.stderr, flush=True)
     add_ratios(report["results"])
     return write_outputs(report, args)
 
@@ -805,8 +809,8 @@ def write_outputs(report: dict, args) -> int:
     bad = [r for r in report["results"] if r["status"] == "error"
            or any(not w["verified"] for w in r.get("workloads", []))]
     for r in bad:
-        print(f"compare_peers: {r['library']} ({r['mem']}) " + ("failed" if r["status"] == "error" else "moved wrong bytes"),
-              file=sys.stderr)
+        print(f"compare_peers: {r['library']} ({r['mem']}) "
+              + ("failed" if r["status"] == "error" else "moved wrong bytes"), file=sys.stderr)
     return 1 if bad else 0
 
 

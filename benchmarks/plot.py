@@ -65,7 +65,8 @@ def main(argv=None) -> int:
         base = [r for r in rs if r.get("baseline_gbps")]
         if base:
             ax.plot([r["segment_bytes"] for r in base], [r["baseline_gbps"] for r in base], "s--",
-                    color=line.get_color(), alpha=0.6, label=base[0].get("baseline_label", "socket loopback baseline, same bytes"))
+                    color=line.get_color(), alpha=0.6,
+                    label=base[0].get("baseline_label", "socket loopback baseline, same bytes"))
             rax.plot([r["segment_bytes"] for r in base], [r["ratio"] for r in base], "o-", color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

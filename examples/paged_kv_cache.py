@@ -32,9 +32,16 @@ import torch
 
 import mori_torch
 from mori_torch import ops
+from mori_torch.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    TcpBackendConfig,
+    XgmiBackendConfig,
+)
 from mori_torch.rendezvous import LookupTimeout, TorchStoreDirectory
-from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig,
-                           XgmiBackendConfig)
 
 HEAD_DIM = 128  # bf16 elements per row; a page holds page_bytes / (2 * HEAD_DIM) rows
 
@@ -153,9 +160,10 @@ def wait_for_prefill(directory, proc, timeout_s=300):
     while True:
         try:
             return directory.lookup("kv-prefill", timeout_s=1)
-        except LookupTimeout:
+        except LookupTimeout as e:
             if not proc.is_alive():
-                raise SystemExit(f"the prefill process exited (code {proc.exitcode}) before publishing its cache")
+                raise SystemExit(f"the prefill process exited (code {proc.exitcode})"
+                                 " before publishing its cache") from e
             if time.monotonic() >= deadline:
                 raise
 

@@ -19,9 +19,12 @@ if _C.TORCH_VERSION != torch.__version__:
         f"mori_torch was built against torch {_C.TORCH_VERSION} but torch {torch.__version__} is installed; {_REBUILD}"
     )
 
+# Kept as three statements in this order (isort would merge and reorder them).
+# isort: off
 from . import io  # noqa: E402,F401  (the mori.io-compatible API)
 from . import ops  # noqa: E402,F401  (fake implementations of torch.ops.mori.*)
 from . import log  # noqa: E402,F401  (native log levels, routing into Python's logging)
+# isort: on
 
 
 def pinned_host_bytes() -> int:

@@ -128,9 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("MORI-IO benchmark flags")
     g.add_argument("--backend", choices=ALL_BACKENDS, default="tcp",
-                   help="transfer backend: tcp, rdma (needs an RDMA device) or xgmi (GPU peers; needs a GPU) (default: tcp)")
+                   help="transfer backend: tcp, rdma (needs an RDMA device) or xgmi (GPU peers; needs a GPU)"
+                   " (default: tcp)")
     g.add_argument("--op-type", choices=("read", "write", "both"), default="read",
-                   help="read: remote -> local; write: local -> remote; both: read cases then write cases (default: read)")
+                   help="read: remote -> local; write: local -> remote; both: read cases then write cases"
+                   " (default: read)")
     g.add_argument("--buffer-size", type=parse_size, default=32 * KiB,
                    help="bytes per segment; suffixes K, M, G allowed (default: 32K)")
     g.add_argument("--transfer-batch-size", type=_positive_int, default=None,
@@ -533,7 +535,6 @@ def _target_main(conn, cfg: dict) -> None:
     lsock = None
     socks: List[socket.socket] = []
     try:
-        import torch
 
         from mori_torch import io
 
@@ -587,7 +588,8 @@ def _target_main(conn, cfg: dict) -> None:
                 op, parts, iters = a
                 serve_errors = []
                 serve_threads = [
-                    threading.Thread(target=_baseline_serve, args=(socks[i], mv, op, off, ln, iters, serve_errors), daemon=True)
+                    threading.Thread(target=_baseline_serve, args=(socks[i], mv, op, off, ln, iters, serve_errors),
+                                     daemon=True)
                     for i, (off, ln) in enumerate(parts)
                 ]
                 for t in serve_threads:
@@ -788,7 +790,8 @@ class Initiator:
             # trail Wait() a little, hence the target polls for them.
             _, popped = self.target.call("pop_notices", self.engine.key, uids, 10.0)
             if popped != len(uids):
-                raise BenchError(f"target saw {popped} of {len(uids)} completion notices for {case.op} {case.n} x {case.seg} B")
+                raise BenchError(f"target saw {popped} of {len(uids)} completion notices"
+                                 f" for {case.op} {case.n} x {case.seg} B")
 
         self.engine_iters(case, loffs, roffs, warmup)
         return True
@@ -892,7 +895,8 @@ def run(args, argv: Sequence[str]) -> List[dict]:
     )
     log(f"machine: {machine}; buffer {fmt_size(buffer_bytes)} per process; {len(cases)} case(s)")
     for c in skipped:
-        log(f"skipped {c.op} {c.n} x {fmt_size(c.seg)}: needs {fmt_size(c.total)} > --max-buffer {fmt_size(args.max_buffer)}")
+        log(f"skipped {c.op} {c.n} x {fmt_size(c.seg)}: needs {fmt_size(c.total)}"
+            f" > --max-buffer {fmt_size(args.max_buffer)}")
     if not args.no_baseline:
         log("baseline: " + baseline_description(args))
     if args.transfer_batch_size is None and not args.all_batch:
@@ -962,7 +966,8 @@ def run(args, argv: Sequence[str]) -> List[dict]:
             records.append(rec)
             log(
                 f"  {case.op} {case.n} x {fmt_size(case.seg)}: {rec['gbps']:.3f} GB/s"
-                + ("" if rec["ratio"] is None else f", baseline {rec['baseline_gbps']:.3f} GB/s, ratio {rec['ratio']:.2f}")
+                + ("" if rec["ratio"] is None
+                   else f", baseline {rec['baseline_gbps']:.3f} GB/s, ratio {rec['ratio']:.2f}")
             )
     finally:
         init.close()

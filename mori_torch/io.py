@@ -741,7 +741,8 @@ class IOEngine:
         return self._batch(True, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 
     @_upstream_keywords(transfer_uid="uids")
-    def batch_write(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:
+    def batch_write(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes,
+                    uids) -> List[TransferStatus]:
         """As batch_read, in the other direction."""
         return self._batch(False, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids)
 

@@ -104,7 +104,8 @@ class EngineCollector(Collector):
                     errors.add_metric(lv + [code], n)
                 in_flight.add_metric(lv, c["in_flight"])
                 latency.add_metric(lv, _cumulative(bounds, c["latency"]["buckets"]), c["latency"]["sum_ns"] * 1e-9)
-        dropped = CounterMetricFamily("mori_torch_log_lines_dropped", "Native log lines lost (queue full or rate limit)")
+        dropped = CounterMetricFamily("mori_torch_log_lines_dropped",
+                                      "Native log lines lost (queue full or rate limit)")
         dropped.add_metric([], log.lines_dropped())
         return [transfers, nbytes, errors, in_flight, latency, dropped]
 

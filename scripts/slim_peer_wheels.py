@@ -82,8 +82,9 @@ def needed(data: bytes) -> List[str]:
         f.flush()
         try:
             out = subprocess.run(["readelf", "-d", f.name], capture_output=True, text=True, check=True).stdout
-        except FileNotFoundError:
-            raise SystemExit("slim_peer_wheels: needs readelf (binutils) to follow the libraries' NEEDED entries")
+        except FileNotFoundError as e:
+            raise SystemExit("slim_peer_wheels: needs readelf (binutils)"
+                             " to follow the libraries' NEEDED entries") from e
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
 
 

@@ -25,7 +25,7 @@ try:
     import aiohttp
     from aiohttp import web
 except ImportError as e:
-    raise SystemExit(f"proxy.py needs aiohttp (a vLLM dependency): pip install aiohttp ({e})")
+    raise SystemExit(f"proxy.py needs aiohttp (a vLLM dependency): pip install aiohttp ({e})") from e
 
 log = logging.getLogger("vllm-disagg-proxy")
 SESSION = web.AppKey("session", aiohttp.ClientSession)

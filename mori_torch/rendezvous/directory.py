@@ -19,8 +19,16 @@ import weakref
 from typing import Callable, Dict, Mapping, Optional
 
 from ..io import EngineDesc, IOEngine, MemoryDesc
-from .record import (Entry, LookupTimeout, MalformedEntryError, RendezvousError, check_key, check_namespace,
-                     decode_entry, make_entry)
+from .record import (
+    Entry,
+    LookupTimeout,
+    MalformedEntryError,
+    RendezvousError,
+    check_key,
+    check_namespace,
+    decode_entry,
+    make_entry,
+)
 
 log = logging.getLogger("mori_torch.rendezvous")
 

@@ -10,9 +10,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_ops_gpu import PAGE, TcpEnv, pages_of, rand_pages  # noqa: E402
-
 from mori_torch import ops  # noqa: E402
+from test_ops_gpu import PAGE, TcpEnv, pages_of, rand_pages  # noqa: E402
 
 
 def main():

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import Pair, pattern, wait_ok
 
+from conftest import Pair, pattern, wait_ok
 from mori_torch._int64s import int64s
 
 SEG = 512

@@ -32,7 +32,8 @@ def _installed(lib):
 
 def _env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + EXTRA_PATH + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + EXTRA_PATH
+                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
 

@@ -56,7 +56,7 @@ def test_transfers_survive_socket_kills_at_many_sizes_and_timings(target):
         wait_ok(st, WAIT_MS)
         k.join()
 
-    for rnd in range(3):
+    for _round in range(3):
         for size in sizes:
             off = rng.randrange(0, SIZE - size + 1)
             how = rng.randrange(3)

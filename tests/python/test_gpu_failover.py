@@ -79,7 +79,8 @@ SCENARIO = textwrap.dedent("""
 
 
 def test_xgmi_fails_over_to_tcp_when_the_ipc_open_fails_and_returns():
-    env = dict(os.environ, MORI_TORCH_FAIL_IPC_OPENS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, MORI_TORCH_FAIL_IPC_OPENS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", SCENARIO], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "FAILOVER_OK" in r.stdout, r.stdout + r.stderr

@@ -3,14 +3,12 @@ with the socket): GPU<->GPU, CPU<->GPU, both directions, in one process and
 across processes, payloads spanning many staging chunks, and staging
 buffers that fail to pin half-way. Skipped without a GPU."""
 import multiprocessing as mp
-import os
 import random
 
 import pytest
 import torch
 
 import mori_torch
-
 from conftest import unique_key, wait_ok
 from mori_torch.io import (
     BackendType,

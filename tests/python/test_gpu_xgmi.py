@@ -1,7 +1,6 @@
 """GPU memory and the GPU peer backend (BackendType.XGMI): same process and
 across processes, same device and across devices. Skipped without a GPU."""
 import multiprocessing as mp
-import os
 import random
 import time
 
@@ -120,7 +119,7 @@ def _layout(kind, count, seg, total, seed):
         ro = [s * seg for s in rnd.sample(range(total // seg), count)]
         sizes = [seg] * count
     else:  # varying sizes
-        lo, ro, sizes, off = [], [], [], 0
+        lo, ro, sizes = [], [], []
         slots = list(range(count))
         rnd.shuffle(slots)
         for i in range(count):

@@ -38,7 +38,8 @@ def test_stats_match_the_transfers_made():
         written = read = 0
         statuses = []
         for i, size in enumerate([1, 100, 4096, 65536, 300000]):  # engine writes
-            statuses.append(p.init.write(p.local_desc, i * 1000, p.remote_desc, 0, size, p.init.allocate_transfer_uid()))
+            statuses.append(p.init.write(p.local_desc, i * 1000, p.remote_desc, 0, size,
+                                         p.init.allocate_transfer_uid()))
             written += size
         sess = p.init.create_session(p.local_desc, p.remote_desc)
         for size in [8, 8192]:  # session reads

@@ -24,7 +24,7 @@ def make(kind, blocks, header=0, device="cpu"):
 def test_each_block_is_its_byte_ranges(kind):
     buf, caches = make(kind, blocks=5)
     layout = KVLayout.from_caches(caches, buf)
-    for li, (name, cache) in enumerate(caches.items()):
+    for li, cache in enumerate(caches.values()):
         for b in range(5):
             block_of(cache, b).fill_(100 * li + b)  # exact in bf16/fp16
     seen = torch.zeros(buf.numel(), dtype=torch.int32)
@@ -100,7 +100,8 @@ def test_unaligned_caches_pull_by_byte_offsets(link):
 def test_a_different_arrangement_inside_blocks_is_refused():
     lbuf, local = make("LBNHC", blocks=4)
     rbuf, remote = make("LBHNC", blocks=4)
-    with pytest.raises(ValueError, match=r"layer 'model.layers.0.self_attn.attn': remote .*\(H2.N4.C16.bfloat16\), local .*\(N4.H2.C16.bfloat16\)"):
+    with pytest.raises(ValueError, match=r"layer 'model.layers.0.self_attn.attn': "
+                                         r"remote .*\(H2.N4.C16.bfloat16\), local .*\(N4.H2.C16.bfloat16\)"):
         KVLayout.from_caches(local, lbuf).check_pullable_from(KVLayout.from_caches(remote, rbuf))
     _, other = vllm_caches("LBNHC", layers=2, blocks=4, heads=2, block_size=4, c2=16)
     with pytest.raises(ValueError, match="no layer 'model.layers.2.self_attn.attn'"):

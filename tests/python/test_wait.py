@@ -3,9 +3,8 @@ import threading
 import time
 
 import pytest
-import torch
 
-from conftest import Pair, wait_ok
+from conftest import Pair
 from mori_torch.io import StatusCode, TransferStatus
 
 

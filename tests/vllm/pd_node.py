@@ -7,7 +7,7 @@ layer's attention and then writes the KV of the step's tokens (random bytes
 seeded by the instance's salt), as attention would."""
 import os
 import traceback
-from typing import Dict, List
+from typing import List
 
 import torch
 
@@ -84,7 +84,7 @@ def node_main(conn, model: str, role: str, extra: dict, engine_id: str, num_bloc
                 for li, name in enumerate(names):
                     if li not in skip:
                         worker.wait_for_layer_load(name)
-                    for k, (req_id, (blocks, start, n)) in enumerate(pos.items()):
+                    for k, (blocks, start, n) in enumerate(pos.values()):
                         _write_kv(caches[name], blocks, start, n, H.BLOCK, hash((salt, step_no, li, k)) & 0xFFFFFFFF)
                 results = worker.get_transfer_results(out.finished_req_ids)
                 invalid = worker.get_block_ids_with_load_errors()

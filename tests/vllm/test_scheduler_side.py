@@ -10,8 +10,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
 from mori_torch.integrations.vllm import MoriTorchConnector, MoriTorchConnectorMetadata
-from vllm_helpers import BLOCK, kv_cache_config, make_request, make_scheduler, make_vllm_config, prompt, \
-    runner_output
+from vllm_helpers import BLOCK, kv_cache_config, make_request, make_scheduler, make_vllm_config, prompt, runner_output
 
 EXTRA = {"rendezvous": "tcpstore://127.0.0.1:29999", "host": "127.0.0.1", "side_channel_port": 40000,
          "kv_lease_s": 60}

@@ -12,8 +12,13 @@ from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 
 from mori_torch.integrations.vllm import MoriTorchConnector, MoriTorchKVConnectorStats
-from mori_torch.integrations.vllm.side_channel import LOG_LIMIT, MAX_IDS, MAX_MSG_BYTES, SideChannelClient, \
-    SideChannelServer
+from mori_torch.integrations.vllm.side_channel import (
+    LOG_LIMIT,
+    MAX_IDS,
+    MAX_MSG_BYTES,
+    SideChannelClient,
+    SideChannelServer,
+)
 
 
 def free_port():

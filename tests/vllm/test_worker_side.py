@@ -111,7 +111,7 @@ def prefill(p, reqs):
     return params
 
 
-@pytest.mark.parametrize("layouts", [("LBNHC", "BLNHC"), ("LBHNC", "LBHNC")], ids=lambda l: "-".join(l))
+@pytest.mark.parametrize("layouts", [("LBNHC", "BLNHC"), ("LBHNC", "LBHNC")], ids=lambda pair: "-".join(pair))
 def test_decode_holds_the_prefills_bytes_after_its_step(model, store, nodes, layouts):
     e = extra(store)
     p = nodes(model, "kv_producer", e, num_blocks=64, layout=layouts[0], salt=1)

@@ -20,8 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, ROOT)
 
 from mori_torch import ops  # noqa: E402
-from mori_torch.io import (BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc,  # noqa: E402
-                           TcpBackendConfig)
+from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig  # noqa: E402
 
 PAGE = 16384
 PAGES = 256
@@ -252,7 +251,7 @@ def expect_error(h, kind, *needles):
         msg = str(e)
         for n in needles:
             if n not in msg:
-                raise SystemExit(f"FAIL {kind}: error lacks {n!r}: {msg}")
+                raise SystemExit(f"FAIL {kind}: error lacks {n!r}: {msg}") from e
         return msg
     raise SystemExit(f"FAIL {kind}: no error raised")
 
