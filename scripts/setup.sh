@@ -40,10 +40,10 @@ quietly() {
 # authentication), clang 15 with its compiler-rt (libFuzzer, ASan/UBSan) for the
 # fuzz targets, QEMU + image tools for the Soft-RoCE test VM, etcd-server, which
 # the rendezvous tests start on a free loopback port, and iproute2 + nftables for
-# the fault tests in network namespaces.
+# the fault tests in network namespaces; clang-format-15 for scripts/lint.sh.
 missing() { for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
 mapfile -t need < <(missing g++ cmake ninja-build libgtest-dev hipcc libamdhip64-dev rocm-device-libs libibverbs-dev \
-  etcd-server libssl3 clang-15 libclang-common-15-dev iproute2 nftables)
+  etcd-server libssl3 clang-15 libclang-common-15-dev clang-format-15 iproute2 nftables)
 # Without recommends: QEMU's would pull in a desktop stack.
 mapfile -t need_vm < <(missing qemu-system-x86 mmdebstrap cpio kmod xz-utils)
 if ((${#need[@]} + ${#need_vm[@]})); then
@@ -81,8 +81,10 @@ EOF
 }
 
 # etcd3gw: the etcd v3 client of mori_torch.rendezvous (README "Rendezvous");
-# prometheus_client: mori_torch.metrics (IOEngineConfig(metrics_port=...)), as vLLM uses it.
-reqs=(pip "setuptools>=64" wheel "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7" "prometheus_client>=0.20")
+# prometheus_client: mori_torch.metrics (IOEngineConfig(metrics_port=...)), as vLLM uses it;
+# ruff: scripts/lint.sh (pinned: a new release may add findings).
+reqs=(pip "setuptools>=64" wheel "$TORCH_SPEC" ninja numpy pytest pytest-timeout "etcd3gw>=2.7" "prometheus_client>=0.20"
+  "ruff==0.17.6")
 if satisfied "${reqs[@]}"; then
   echo "==> pip: ${reqs[*]} already installed"
 else

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: the torch-free C++ core (CMake + GoogleTest via
-# ctest), again built with ASan + UBSan and with TSan, the libFuzzer targets
-# for a bounded time each, the RDMA tests in a Soft-RoCE VM, the HIP compile
+# Runs the whole test suite: the linters (scripts/lint.sh: ruff and
+# clang-format), the torch-free C++ core (CMake + GoogleTest via ctest), again
+# built with ASan + UBSan and with TSan, the libFuzzer targets for a bounded
+# time each, the RDMA tests in a Soft-RoCE VM, the HIP compile
 # check, the Python tests (pytest), and the vLLM connector tests when vLLM is
 # installed (scripts/setup.sh adds it). Run scripts/setup.sh first.
 #   FUZZ_SECONDS   time per fuzz target (default 25)
@@ -18,6 +19,8 @@ export TMPDIR=$RUN_TMP
 trap 'rm -rf "$RUN_TMP"' EXIT
 # torch.compile's cache is a cache, not a leftover: it lives in build/.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/torchinductor}
+
+PYTHON="$VENV/bin/python" scripts/lint.sh
 
 cmake -S . -B build/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build/cmake -j "$JOBS"
