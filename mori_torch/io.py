@@ -193,6 +193,10 @@ class TcpBackendConfig:
     # Threads serving inbound requests (and, each, sending and receiving for
     # outbound ones), whatever the number of connections; 0: from the cores.
     serve_threads: int = 0
+    # Host-memory requests up to this size are sent by the submitting thread
+    # and received and served by the event loop when all their bytes are
+    # there, with no hand-off to a worker thread (0: always hand off).
+    inline_max_bytes: int = 64 * 1024
 
 
 _CONFIG_TYPES = {

@@ -143,6 +143,9 @@ const std::vector<Entry>& Rows() {
       Int(Tcp, "inactivity_timeout_ms", 10000, 1, kTiB,
           "A transfer whose connection moves no byte for this long fails (a slow but live link does not)."),
       Int(Tcp, "serve_threads", 0, 0, 256, "Threads serving inbound requests; 0: the core count, clamped to 4..16."),
+      Int(Tcp, "inline_max_bytes", 64 << 10, 0, 1 << 30,
+          "Host-memory requests up to this size are sent by the submitting thread and received and served by "
+          "the event loop when all their bytes are there, without a hand-off to a worker (0: always hand off)."),
 
       // RdmaBackendConfig: MORI-IO's fields (its own messages for its checks), plus extensions.
       Int(Rdma, "qp_per_transfer", 1, 1, 64, "RC QPs per rail and peer."),

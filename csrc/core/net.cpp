@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -210,6 +211,20 @@ void SetKeepalive(int fd, bool on, int idle_s, int intvl_s, int cnt) {
 bool ReadableNow(int fd) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;
+}
+
+size_t BytesReadable(int fd) {
+  int n = 0;
+  return ::ioctl(fd, FIONREAD, &n) == 0 && n > 0 ? static_cast<size_t>(n) : 0;
+}
+
+size_t BytesUnsent(int fd) {
+  int n = 0;
+  return ::ioctl(fd, TIOCOUTQ, &n) == 0 && n > 0 ? static_cast<size_t>(n) : 0;
+}
+
+bool PeekFull(int fd, void* buf, size_t n) {
+  return ::recv(fd, buf, n, MSG_PEEK | MSG_DONTWAIT) == static_cast<ssize_t>(n);
 }
 
 bool WaitReadable(int fd, int timeout_ms) { return PollFor(fd, POLLIN, DeadlineAfterMs(timeout_ms)).ok; }

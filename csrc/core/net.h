@@ -109,5 +109,11 @@ IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline)
 IoResult Discard(int fd, uint64_t n, const IoDeadline& deadline);
 // True if fd has bytes to read (or hung up) right now.
 bool ReadableNow(int fd);
+// Bytes queued for reading now (FIONREAD); 0 on error.
+size_t BytesReadable(int fd);
+// Bytes written but not yet acknowledged by the peer (TIOCOUTQ); 0 on error.
+size_t BytesUnsent(int fd);
+// Copies the next n bytes without consuming them; false unless all n are there.
+bool PeekFull(int fd, void* buf, size_t n);
 
 }  // namespace mori_torch

@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "backends/tcp/tcp_inline.h"
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
 #include "core/thread_name.h"
@@ -79,6 +80,7 @@ bool TcpBackend::AdoptData(const EngineDesc& peer, InboundConnection& conn) {
   SetBufferSizes(fd, static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
   SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
                static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
+  in->sndbuf = SendBufferBytes(fd);
   {
     std::lock_guard<std::mutex> lk(inbound_mu_);
     if (shut_.load()) return true;  // dropped: the socket closes with `in`
@@ -100,7 +102,31 @@ void TcpBackend::OnInboundEvent(const InboundPtr& in, uint32_t events) {
     MORI_LOG(Info, "TCP data connection from '" << in->peer.key << "' idle; closing");
     return DropInbound(in);
   }
+  const int fd = in->conn.sock.fd();
+  for (int n = 0; n < kInlineMaxPerEvent && ReadyInline(*in); ++n) {
+    if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
+  }
+  if (!ReadableNow(fd)) return ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
   if (!serve_pool_->Post([this, in] { ServeReady(in); })) DropInbound(in);
+}
+
+bool TcpBackend::ReadyInline(const Inbound& in) const {
+  const int fd = in.conn.sock.fd();
+  RequestHeader h;
+  // Anything unusual (a malformed header, a retry that may wait for its
+  // earlier attempt, GPU memory) is the workers' to handle.
+  if (cfg_.inline_max_bytes == 0 || !PeekFull(fd, &h, sizeof(h)) || h.magic != kRequestMagic || h.attempt != 0 ||
+      h.num_segs > kInlineMaxSegments || h.total_bytes > static_cast<uint64_t>(cfg_.inline_max_bytes)) {
+    return false;
+  }
+  const auto op = static_cast<Op>(h.op);
+  if (op != Op::Write && op != Op::Read && op != Op::Notice) return false;
+  if (BytesReadable(fd) < RequestWireBytes(h)) return false;
+  if (op == Op::Notice) return true;  // no response, no memory
+  const uint64_t response = kWireAlign + kMaxMessageBytes + (op == Op::Read ? WireRound(h.total_bytes) : 0);
+  if (!SendFitsNow(fd, response, in.sndbuf)) return false;
+  auto m = ctx_.memory->Find(h.mem_id);  // where it lives; ServeRequest checks the rest
+  return m && m->desc.loc == MemoryLocationType::CPU;
 }
 
 void TcpBackend::ServeReady(const InboundPtr& in) {

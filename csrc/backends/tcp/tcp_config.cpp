@@ -26,6 +26,7 @@ TcpConfig TcpConfig::FromMap(const BackendConfig& m) {
   c.staging_chunk_bytes = get("staging_chunk_bytes");
   c.staging_depth = get("staging_depth");
   c.serve_threads = get("serve_threads");
+  c.inline_max_bytes = get("inline_max_bytes");
   return c;
 }
 

@@ -36,6 +36,9 @@ struct TcpConfig {
   // mori_torch extension: threads serving inbound data requests (the target
   // side), whatever the number of connections; 0 picks from the core count.
   int64_t serve_threads{};
+  // mori_torch extension: requests of host memory up to this size skip the
+  // worker hand-offs (backends/tcp/tcp_inline.h); 0: never.
+  int64_t inline_max_bytes{};
 
   static TcpConfig FromMap(const BackendConfig& m);
 };

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "backends/tcp/tcp_inline.h"
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
 #include "core/retry_driver.h"
@@ -85,17 +86,38 @@ void DataConn::SchedulePostLocked() {
   if (!workers_.senders->Post([self] { self->SendJob(); })) send_scheduled_ = false;
 }
 
+bool DataConn::SmallForInline(const Part& p) const {
+  return p.op == Op::Notice || (p.total <= static_cast<uint64_t>(cfg_.inline_max_bytes) && !OnGpu(p.local->desc) &&
+                                p.segs.size() <= kInlineMaxSegments && p.attempt == 0);
+}
+
+bool DataConn::SendInlineLocked(const Part& p) const {
+  if (!connected_ || send_scheduled_ || !send_q_.empty() || cfg_.inline_max_bytes == 0 || !SmallForInline(p)) {
+    return false;
+  }
+  const uint64_t wire = WireRound(sizeof(RequestHeader) + p.segs.size() * sizeof(WireSegment)) +
+                        (p.op == Op::Write ? WireRound(p.total) : 0);
+  return SendFitsNow(sock_.fd(), wire, sndbuf_);
+}
+
 void DataConn::Enqueue(PartPtr p) {
   bool stopped = false;
+  bool send_here = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_) {
+      send_here = SendInlineLocked(*p);
       send_q_.push_back(std::move(p));
-      SchedulePostLocked();
-      if (send_scheduled_) return;
-      stopped = true;  // the workers are gone: the backend shut down
+      if (send_here) {
+        send_scheduled_ = true;  // this thread takes the sender's turn
+      } else {
+        SchedulePostLocked();
+        if (send_scheduled_) return;
+        stopped = true;  // the workers are gone: the backend shut down
+      }
     }
   }
+  if (send_here) return SendQueued(/*max_batches=*/1);
   if (stopped) {
     Break("the TCP backend's workers have stopped");
     return;
@@ -235,6 +257,7 @@ bool DataConn::Connect() {
   std::lock_guard<std::mutex> lk(mu_);
   if (broken_) return false;
   sock_ = std::move(s);
+  sndbuf_ = SendBufferBytes(sock_.fd());
   connected_ = true;
   progress_ms_.store(SteadyMs());
   // Responses are awaited on the event loop; its idle reports (at least once
@@ -263,8 +286,12 @@ void DataConn::SendJob() {
     Break(why);
     return;
   }
+  SendQueued(/*max_batches=*/-1);
+}
+
+void DataConn::SendQueued(int max_batches) {
   std::vector<PartPtr> batch;
-  while (true) {
+  for (int batches = 0;; ++batches) {
     batch.clear();
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -272,8 +299,17 @@ void DataConn::SendJob() {
         send_scheduled_ = false;  // Enqueue schedules the next job
         return;
       }
+      if (batches == max_batches) {
+        // More came meanwhile: a send job takes over (the turn stays taken).
+        auto self = shared_from_this();
+        if (workers_.senders->Post([self] { self->SendQueued(-1); })) return;
+        send_scheduled_ = false;
+        break;  // the workers are gone: broken below
+      }
       uint64_t bytes = 0;
-      while (!send_q_.empty() && batch.size() < kMaxPartsPerSend && bytes < kMaxBytesPerSend) {
+      const bool here = max_batches >= 0;  // the submitting thread: only what cannot wait
+      while (!send_q_.empty() && batch.size() < kMaxPartsPerSend && bytes < kMaxBytesPerSend &&
+             (!here || SmallForInline(*send_q_.front()))) {
         PartPtr p = std::move(send_q_.front());
         send_q_.pop_front();
         if (!Prepare(*p)) continue;
@@ -301,6 +337,7 @@ void DataConn::SendJob() {
       return;
     }
   }
+  Break("the TCP backend's workers have stopped");
 }
 
 IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
@@ -327,8 +364,28 @@ IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
   return WriteVFull(sock_.fd(), iov, deadline);
 }
 
+bool DataConn::ResponseReadyInline() {
+  PartPtr head;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_ || inflight_.empty() || cfg_.inline_max_bytes == 0) return false;
+    head = inflight_.front();
+  }
+  if (head->op == Op::Read && !SmallForInline(*head)) return false;
+  ResponseHeader rh;
+  if (!PeekFull(sock_.fd(), &rh, sizeof(rh)) || rh.magic != kResponseMagic) return false;
+  if (rh.payload_bytes > static_cast<uint64_t>(cfg_.inline_max_bytes)) return false;
+  return BytesReadable(sock_.fd()) >= WireRound(sizeof(rh) + rh.msg_len) + WireRound(rh.payload_bytes);
+}
+
 void DataConn::OnSocketEvent(uint32_t events) {
   if (events != EventLoop::kIdle) {
+    // Whole responses of small requests are read here (tcp_inline.h); the
+    // rest, a hang-up or stray bytes go to a receive job.
+    for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
+      if (!ReceiveOne()) return;
+    }
+    if (!ReadableNow(sock_.fd())) return workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
     auto self = shared_from_this();
     if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
     return;

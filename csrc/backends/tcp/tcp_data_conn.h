@@ -100,6 +100,19 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
  private:
   // Send job: connects if needed, then sends until the queue is empty.
   void SendJob();
+  // Sends queued parts until the queue is empty, or after `max_batches`
+  // hands the rest to a send job; the caller holds the sender's turn
+  // (send_scheduled_).
+  void SendQueued(int max_batches);
+  // mu_ held: true if `p` may be sent by the submitting thread itself
+  // (tcp_inline.h): small, of host memory, nothing else queued or being
+  // sent, connected, and it fits the send buffer now.
+  bool SendInlineLocked(const Part& p) const;
+  // Small enough for a thread that must not wait (tcp_inline.h).
+  bool SmallForInline(const Part& p) const;
+  // True if the response at the head of the stream is for a small request
+  // of host memory and has arrived whole: the loop thread reads it itself.
+  bool ResponseReadyInline();
   // Receive job: reads responses while bytes keep coming.
   void RecvJob();
   // Reads one response (its first bytes have arrived); false: broken.
@@ -150,6 +163,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // (GPU read payloads), taken from staging_ on first use under mu_.
   std::unique_ptr<gpu::StagingSet> send_staging_, recv_staging_;
   DataConnWorkers workers_;
+  int sndbuf_ = 0;  // SO_SNDBUF, set with sock_
   // Reused by the receive job.
   std::vector<iovec> recv_iov_;
   std::string recv_msg_;

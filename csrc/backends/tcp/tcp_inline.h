@@ -1,0 +1,38 @@
+// When a TCP request skips the worker threads. Handing a small request to a
+// worker costs a thread wake-up on each side of the round trip, several
+// times the request's own cost on a small machine. So a small request of
+// host memory is sent by the thread that submits it, and its response
+// received, and on the target the request served, by the event-loop thread
+// that sees it ready. These threads must never wait on the network (the loop
+// serves every connection), so they take only what cannot wait: every byte
+// of the message is already in the socket's receive buffer, and what they
+// write fits in its send buffer now. Anything else goes to the workers as
+// before (TcpBackendConfig.inline_max_bytes: the size bound, 0: never).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/tcp/tcp_protocol.h"
+
+namespace mori_torch {
+namespace tcp {
+
+// Segments of one request that the loop thread handles itself (the table
+// is copied and checked segment by segment).
+constexpr uint32_t kInlineMaxSegments = 64;
+// Messages the loop thread handles per event of one connection, so that a
+// busy connection cannot keep the loop from the others: more go to a worker.
+constexpr int kInlineMaxPerEvent = 32;
+
+// SO_SNDBUF of fd (what the kernel reports: twice what was asked for).
+int SendBufferBytes(int fd);
+// True if `bytes` more can be written to fd now without waiting: the bytes
+// not yet acknowledged plus these fit in half its send buffer (`sndbuf`,
+// from SendBufferBytes; the other half is the kernel's bookkeeping).
+bool SendFitsNow(int fd, uint64_t bytes, int sndbuf);
+// The bytes a request takes on the wire: header, table, padding, and for a
+// write its payload.
+uint64_t RequestWireBytes(const RequestHeader& h);
+
+}  // namespace tcp
+}  // namespace mori_torch
