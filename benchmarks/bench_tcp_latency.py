@@ -9,7 +9,10 @@ on the machine hit every case alike):
 
 * ``socket``: a plain TCP round trip of the same shape as a read: an 80-byte
   request (our request header's size) answered by the payload, blocking
-  ``sendall``/``recv`` on one connection;
+  ``sendall``/``recv`` on one connection (the baseline of the ratios);
+* ``socket, client spins``: the same with the client spinning on a
+  non-blocking ``recv`` (as an application polling ``Succeeded()`` spins),
+  the server still blocking;
 * mori_torch ``read`` and ``write`` of one segment, call -> ``Succeeded()``
   polled (as an application polls) and call -> ``Wait()`` returned, with the
   default ``TcpBackendConfig`` and with ``inline_max_bytes=0`` (every request
@@ -110,15 +113,19 @@ def main(argv=None) -> int:
     req = bytes(REQUEST_BYTES)
     rbuf = bytearray(args.size)
 
-    def socket_round():
+    def socket_round(spin=False):
         view = memoryview(rbuf)
         out = []
+        flags = socket.MSG_DONTWAIT if spin else 0
         for _ in range(args.samples):
             t0 = time.perf_counter()
             sock.sendall(req)
             got = 0
             while got < args.size:
-                got += sock.recv_into(view[got:], args.size - got)
+                try:
+                    got += sock.recv_into(view[got:], args.size - got, flags)
+                except BlockingIOError:
+                    pass
             out.append((time.perf_counter() - t0) * 1e6)
         return out
 
@@ -158,12 +165,13 @@ def main(argv=None) -> int:
             raise SystemExit("a read's bytes differ from the target's pattern")
         return out
 
-    samples = {"socket": []}
+    samples = {"socket": [], "socket, client spins": []}
     samples.update({k: [] for k in cases})
     for fn in [socket_round] + [lambda c=c: engine_round(*c) for c in cases.values()]:
         fn()  # warm-up: connections open, pages touched
     for r in range(args.rounds):
         samples["socket"] += socket_round()
+        samples["socket, client spins"] += socket_round(spin=True)
         for k, c in cases.items():
             samples[k] += engine_round(*c)
         print(f"round {r + 1}/{args.rounds}: socket p50 {statistics.median(samples['socket']):.1f} us, read poll "

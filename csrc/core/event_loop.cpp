@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/config_table.h"
 #include "core/logging.h"
 #include "core/net.h"
 #include "core/thread_name.h"
@@ -69,7 +70,7 @@ void WorkerPool::Run() {
   }
 }
 
-EventLoop::EventLoop(int threads) {
+EventLoop::EventLoop(int threads) : spin_us_(config::EnvInt("MORI_TORCH_LOOP_SPIN_US")) {
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epfd_ < 0) throw Error(StatusCode::ERR_BAD_STATE, std::string("epoll_create1: ") + std::strerror(errno));
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -203,8 +204,12 @@ void EventLoop::Run() {
   constexpr int kTickMs = 50;
   epoll_event evs[64];
   int64_t next_check = SteadyMs() + kTickMs;
+  auto spin_until = std::chrono::steady_clock::time_point::min();
   while (!stopping_.load()) {
-    int n = ::epoll_wait(epfd_, evs, 64, kTickMs);
+    const bool spinning = spin_us_ > 0 && std::chrono::steady_clock::now() < spin_until;
+    int n = ::epoll_wait(epfd_, evs, 64, spinning ? 0 : kTickMs);
+    if (n > 0 && spin_us_ > 0) spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+    if (n == 0 && spinning) std::this_thread::yield();
     if (n < 0 && errno != EINTR) {
       MORI_LOG(Error, "event loop: epoll_wait: " << std::strerror(errno));
       return;

@@ -88,6 +88,10 @@ class EventLoop {
   void Run();
   void CheckIdle();
 
+  // After handling events, epoll is polled without sleeping for this long
+  // (MORI_TORCH_LOOP_SPIN_US): the next message of a conversation (a
+  // response, the next small request) is then found without a wake-up.
+  int64_t spin_us_ = 0;
   int epfd_ = -1;
   int wake_fd_ = -1;  // eventfd: wakes the threads for Stop()
   std::atomic<bool> stopping_{false};
