@@ -89,8 +89,11 @@ class EventLoop {
   void CheckIdle();
 
   // After handling events, epoll is polled without sleeping for this long
-  // (MORI_TORCH_LOOP_SPIN_US): the next message of a conversation (a
-  // response, the next small request) is then found without a wake-up.
+  // (MORI_TORCH_LOOP_SPIN_US, default 0): the next message of a
+  // conversation (a response, the next small request) is then found without
+  // a wake-up. Off by default: with more runnable threads than cores the
+  // spinning loops starve the one that has work (4 ms p50 measured, against
+  // 40-90 us without).
   int64_t spin_us_ = 0;
   int epfd_ = -1;
   int wake_fd_ = -1;  // eventfd: wakes the threads for Stop()
