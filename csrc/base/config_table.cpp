@@ -79,13 +79,18 @@ const std::vector<Entry>& Rows() {
       // Environment: RDMA devices (mori_torch's and MORI's names).
       Text(E, "MORI_TORCH_IBVERBS_LIB", "libibverbs.so.1", "rdma-core verbs library to load."),
       Text(E, "MORI_TORCH_RDMA_DEVICES", "",
-           "Comma-separated RDMA device names to use (default: every active device)."),
-      Text(E, "MORI_RDMA_DEVICE", "", "MORI's name for MORI_TORCH_RDMA_DEVICES, read when that is unset."),
+           "RDMA devices to use, comma-separated, in rail order; '^a,b': every device but a and b (default: "
+           "every active device, rails in name order)."),
+      Text(E, "MORI_RDMA_DEVICES", "",
+           "MORI's name for MORI_TORCH_RDMA_DEVICES (as SGLang sets it), read when that "
+           "is unset."),
+      Text(E, "MORI_RDMA_DEVICE", "", "mori_torch's earlier name for MORI_RDMA_DEVICES, read when both are unset."),
       Int(E, "MORI_TORCH_RDMA_GID_INDEX", -1, 0, 65535,
           "GID index on every RDMA port when RdmaBackendConfig.gid_index is -1 (default: the IPv4-mapped "
           "RoCE v2 GID)."),
+      Int(E, "MORI_IB_GID_INDEX", -1, 0, 65535, "MORI's name for MORI_TORCH_RDMA_GID_INDEX, read when that is unset."),
       Int(E, "MORI_RDMA_GID_INDEX", -1, 0, 65535,
-          "MORI's name for MORI_TORCH_RDMA_GID_INDEX, read when that is unset."),
+          "mori_torch's earlier name for MORI_IB_GID_INDEX, read when both are unset."),
       // Environment: MORI-IO's overrides of RdmaBackendConfig, applied at create_backend before validation.
       Bool(E, "MORI_IO_ENABLE_NOTIFICATION", true, "Overrides RdmaBackendConfig.enable_notification.",
            "RdmaBackendConfig.enable_notification"),

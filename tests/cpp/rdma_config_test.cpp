@@ -8,6 +8,7 @@
 #include <dirent.h>
 
 #include "backends/rdma/rdma_config.h"
+#include "backends/rdma/rdma_device.h"
 #include "core/engine.h"
 #include "test_util.h"
 
@@ -138,6 +139,52 @@ TEST_F(RdmaConfigTest, NoUsableDeviceIsAClearErrorAndTheEngineKeepsWorking) {
   }
   engine_.CreateBackend(BackendType::TCP, {});  // a failed creation leaves nothing behind
   EXPECT_TRUE(engine_.HasBackend(BackendType::TCP));
+}
+
+// Device selection as MORI reads MORI_RDMA_DEVICES (SGLang sets it per rank).
+TEST(RdmaDeviceFilterTest, ListedDevicesAreUsedInTheListedOrder) {
+  const auto f = rdma::ParseDeviceFilter(" mlx5_2, mlx5_0 ,,mlx5_2", "MORI_RDMA_DEVICES");
+  EXPECT_FALSE(f.exclude);
+  EXPECT_EQ(f.names, (std::vector<std::string>{"mlx5_2", "mlx5_0"}));
+  std::string filtered, missing;
+  EXPECT_EQ(rdma::SelectDevices(f, {"mlx5_0", "mlx5_1", "mlx5_2"}, &filtered, &missing),
+            (std::vector<std::string>{"mlx5_2", "mlx5_0"}));
+  EXPECT_EQ(filtered, " mlx5_1 (not in MORI_RDMA_DEVICES)");
+  EXPECT_EQ(missing, "");
+  filtered.clear();
+  EXPECT_EQ(
+      rdma::SelectDevices(rdma::ParseDeviceFilter("mlx5_9,mlx5_1", "X"), {"mlx5_1", "mlx5_0"}, &filtered, &missing),
+      (std::vector<std::string>{"mlx5_1"}));
+  EXPECT_EQ(missing, " mlx5_9 (no such device)");
+}
+
+TEST(RdmaDeviceFilterTest, CaretExcludesAndTheRestAreInNameOrder) {
+  const auto f = rdma::ParseDeviceFilter("^bnxt_re0,bnxt_re3", "MORI_RDMA_DEVICES");
+  EXPECT_TRUE(f.exclude);
+  std::string filtered, missing;
+  EXPECT_EQ(rdma::SelectDevices(f, {"bnxt_re3", "bnxt_re2", "bnxt_re0", "bnxt_re1"}, &filtered, &missing),
+            (std::vector<std::string>{"bnxt_re1", "bnxt_re2"}));
+  EXPECT_EQ(filtered, " bnxt_re0 (excluded by MORI_RDMA_DEVICES) bnxt_re3 (excluded by MORI_RDMA_DEVICES)");
+  EXPECT_EQ(missing, "");
+  // No filter: every device, in name order (the same rails on every engine of a host).
+  EXPECT_EQ(rdma::SelectDevices(rdma::ParseDeviceFilter("", ""), {"b", "a"}, &filtered, &missing),
+            (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(RdmaDeviceFilterTest, OursThenMorisThenTheEarlierName) {
+  for (const char* v : {"MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICES", "MORI_RDMA_DEVICE"}) unsetenv(v);
+  EXPECT_TRUE(rdma::DeviceFilterFromEnv().names.empty());
+  setenv("MORI_RDMA_DEVICE", "old0", 1);
+  EXPECT_EQ(rdma::DeviceFilterFromEnv().source, "MORI_RDMA_DEVICE");
+  setenv("MORI_RDMA_DEVICES", "^mori0", 1);
+  auto f = rdma::DeviceFilterFromEnv();
+  EXPECT_EQ(f.source, "MORI_RDMA_DEVICES");
+  EXPECT_TRUE(f.exclude);
+  setenv("MORI_TORCH_RDMA_DEVICES", "ours0", 1);
+  f = rdma::DeviceFilterFromEnv();
+  EXPECT_EQ(f.source, "MORI_TORCH_RDMA_DEVICES");
+  EXPECT_EQ(f.names, (std::vector<std::string>{"ours0"}));
+  for (const char* v : {"MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICES", "MORI_RDMA_DEVICE"}) unsetenv(v);
 }
 
 }  // namespace

@@ -708,6 +708,7 @@ TEST_F(RdmaTransferTest, DeregisteringLocalMemoryAndRemovingTheBackendEndTransfe
 // automatic choice; this one checks what it picks on both rails.
 TEST(RdmaDeviceTest, AutomaticGidIsTheIpv4MappedRoceV2OneAndOverridesWin) {
   ScopedEnv no_env1("MORI_RDMA_GID_INDEX", nullptr), no_env2("MORI_TORCH_RDMA_GID_INDEX", nullptr);
+  ScopedEnv no_env3("MORI_IB_GID_INDEX", nullptr);
   ScopedEnv both("MORI_TORCH_RDMA_DEVICES", "rxe0,rxe1");
   std::string why;
   const rdma::VerbsApi* api = rdma::LoadVerbs(&why);
@@ -732,10 +733,29 @@ TEST(RdmaDeviceTest, AutomaticGidIsTheIpv4MappedRoceV2OneAndOverridesWin) {
     rails = rdma::OpenActiveDevices(api, 1);
     EXPECT_EQ(rails[0]->gid_index, 1);
   }
+  // MORI's names, as SGLang sets them: MORI_IB_GID_INDEX, and
+  // MORI_RDMA_DEVICES in its order, or with '^' to exclude.
+  {
+    ScopedEnv ours("MORI_TORCH_RDMA_DEVICES", nullptr), mori("MORI_RDMA_DEVICES", "rxe1,rxe0");
+    ScopedEnv gid("MORI_IB_GID_INDEX", "0");
+    rails = rdma::OpenActiveDevices(api, -1);
+    ASSERT_EQ(rails.size(), 2u);
+    EXPECT_EQ(rails[0]->name, "rxe1");
+    EXPECT_EQ(rails[1]->name, "rxe0");
+    EXPECT_EQ(rails[0]->gid_index, 0);
+  }
+  {
+    ScopedEnv ours("MORI_TORCH_RDMA_DEVICES", nullptr), mori("MORI_RDMA_DEVICES", "^rxe0");
+    rails = rdma::OpenActiveDevices(api, -1);
+    ASSERT_EQ(rails.size(), 1u);
+    EXPECT_EQ(rails[0]->name, "rxe1");
+    EXPECT_EQ(rails[0]->gid_index, 1);
+  }
 }
 
 TEST(RdmaDeviceTest, UnusableGidIndexFailsNamingIt) {
   ScopedEnv no_env1("MORI_RDMA_GID_INDEX", nullptr), no_env2("MORI_TORCH_RDMA_GID_INDEX", nullptr);
+  ScopedEnv no_env3("MORI_IB_GID_INDEX", nullptr);
   EngineConfig ec;
   ec.host = rdma_test::TestHost();
   Engine e("rdma-gid-99", ec);

@@ -7,6 +7,7 @@ $MORI_TORCH_COMPAT_CACHE) and read with `ast` (tests/python/mori_api_uses.py).
 The test skips only when the download fails for want of a network, and not
 even then under CI (CI=true), where PyPI is reachable.
 """
+import ast
 import glob
 import os
 import subprocess
@@ -78,6 +79,36 @@ def test_serving_engine_mori_uses_exist_in_mori_torch(name):
         f"  {u.file}:{u.line} {u.what}{u.call}: {u.problem}" for u in bad)
     missing = EXPECTED[name] - {u.what for u in uses}
     assert not missing, f"the checker no longer finds these uses in {PINS[name][0]}: {sorted(missing)}"
+
+
+# MORI environment variables each serving engine sets or reads in its mori
+# code (guards against a scan that finds nothing).
+EXPECTED_ENV = {"vllm": set(), "sglang": {"MORI_RDMA_DEVICES"}}
+
+
+def mori_env_names(sources) -> set:
+    """String constants naming MORI_* variables in the sources (os.environ
+    keys, getenv arguments, ...)."""
+    found = set()
+    for text in sources.values():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("MORI_") \
+                    and node.value.replace("_", "").isalnum() and node.value.isupper():
+                found.add(node.value)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(PINS))
+def test_serving_engine_mori_environment_is_read_by_mori_torch(name):
+    """A MORI variable a serving engine sets for mori (SGLang picks each
+    rank's RDMA devices with MORI_RDMA_DEVICES) is one mori_torch reads too."""
+    from mori_torch import config
+
+    declared = {e.name for e in config.entries(config.ENV)}
+    used = mori_env_names(fetch_sources(name))
+    assert EXPECTED_ENV[name] <= used, f"the scan no longer finds {sorted(EXPECTED_ENV[name] - used)}"
+    unknown = sorted(used - declared)
+    assert not unknown, f"{PINS[name][0]} sets or reads {unknown}, which mori_torch ignores"
 
 
 def test_checker_reports_a_missing_name_and_a_bad_keyword():

@@ -25,8 +25,8 @@ struct RdmaConfig {
   int64_t max_chunks_per_transfer{};
   int64_t num_nics_per_transfer{};
   // mori_torch extensions.
-  int64_t gid_index{};           // -1: the port's IPv4-mapped RoCE v2 GID (or env MORI_RDMA_GID_INDEX)
-  int64_t sq_depth{};            // send work requests per QP
+  int64_t gid_index{};  // -1: env MORI_TORCH_RDMA_GID_INDEX / MORI_IB_GID_INDEX, else the IPv4-mapped RoCE v2 GID
+  int64_t sq_depth{};   // send work requests per QP
   int64_t sq_full_timeout_ms{};  // how long a chain waits for send-queue room
   int64_t connect_timeout_ms{};
 

@@ -15,27 +15,6 @@ namespace mori_torch {
 namespace rdma {
 namespace {
 
-std::vector<std::string> SplitNames(const char* s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = s; *p; ++p) {
-    if (*p == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (*p != ' ') {
-      cur += *p;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
-// mori_torch's variable, else MORI's name for it; "" when neither is set.
-std::string EnvAny(const char* ours, const char* mori) {
-  std::string v = config::EnvText(ours);
-  return v.empty() ? config::EnvText(mori) : v;
-}
-
 bool Ipv4Mapped(const ibv_gid& g) {
   static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   return std::memcmp(g.raw, prefix, sizeof prefix) == 0;
@@ -73,6 +52,65 @@ int PickRoceGid(const VerbsApi* api, RdmaDevice& d, int table_len) {
 
 }  // namespace
 
+DeviceFilter ParseDeviceFilter(const std::string& spec, std::string source) {
+  DeviceFilter f;
+  f.source = std::move(source);
+  std::string cur;
+  size_t i = 0;
+  if (!spec.empty() && spec[0] == '^') {
+    f.exclude = true;
+    i = 1;
+  }
+  for (; i <= spec.size(); ++i) {
+    if (i == spec.size() || spec[i] == ',') {
+      if (!cur.empty() && std::find(f.names.begin(), f.names.end(), cur) == f.names.end()) f.names.push_back(cur);
+      cur.clear();
+    } else if (spec[i] != ' ' && spec[i] != '\t') {
+      cur += spec[i];
+    }
+  }
+  return f;
+}
+
+DeviceFilter DeviceFilterFromEnv() {
+  for (const char* env : {"MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICES", "MORI_RDMA_DEVICE"}) {
+    const std::string v = config::EnvText(env);
+    if (!v.empty()) return ParseDeviceFilter(v, env);
+  }
+  return {};
+}
+
+std::vector<std::string> SelectDevices(const DeviceFilter& f, std::vector<std::string> present, std::string* filtered,
+                                       std::string* missing) {
+  auto listed = [&f](const std::string& n) { return std::find(f.names.begin(), f.names.end(), n) != f.names.end(); };
+  auto here = [&present](const std::string& n) {
+    return std::find(present.begin(), present.end(), n) != present.end();
+  };
+  std::vector<std::string> out;
+  if (!f.names.empty() && !f.exclude) {
+    for (const auto& n : f.names) {
+      if (here(n)) {
+        out.push_back(n);
+      } else {
+        *missing += " " + n + " (no such device)";
+      }
+    }
+    for (const auto& n : present) {
+      if (!listed(n)) *filtered += " " + n + " (not in " + f.source + ")";
+    }
+    return out;
+  }
+  std::sort(present.begin(), present.end());
+  for (const auto& n : present) {
+    if (f.exclude && listed(n)) {
+      *filtered += " " + n + " (excluded by " + f.source + ")";
+    } else {
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
 RdmaDevice::~RdmaDevice() {
   if (pd) api->dealloc_pd(pd);
   if (ctx) api->close_device(ctx);
@@ -90,17 +128,14 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
   const std::string none = "no active RDMA device/port found";
   std::string gid_from = "gid_index";  // where an explicit index came from, for messages
   if (gid_index < 0) {
-    for (const char* env : {"MORI_TORCH_RDMA_GID_INDEX", "MORI_RDMA_GID_INDEX"}) {
+    for (const char* env : {"MORI_TORCH_RDMA_GID_INDEX", "MORI_IB_GID_INDEX", "MORI_RDMA_GID_INDEX"}) {
       if (!config::EnvIsSet(env)) continue;
       gid_index = config::EnvInt(env);
       gid_from = env;
       break;
     }
   }
-  std::vector<std::string> wanted;
-  const std::string names = EnvAny("MORI_TORCH_RDMA_DEVICES", "MORI_RDMA_DEVICE");
-  if (!names.empty()) wanted = SplitNames(names.c_str());
-
+  const DeviceFilter filter = DeviceFilterFromEnv();
   int n = 0;
   errno = 0;
   ibv_device** list = api->get_device_list(&n);
@@ -113,12 +148,10 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
   std::vector<std::shared_ptr<RdmaDevice>> out;
   std::string skipped;   // devices that were wanted but are unusable
   std::string filtered;  // devices left out by the name filter
-  for (int i = 0; i < n; ++i) {
-    const std::string name = api->get_device_name(list[i]);
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) {
-      filtered += " " + name + " (not in MORI_TORCH_RDMA_DEVICES/MORI_RDMA_DEVICE)";
-      continue;
-    }
+  std::vector<std::string> present;
+  for (int i = 0; i < n; ++i) present.push_back(api->get_device_name(list[i]));
+  for (const std::string& name : SelectDevices(filter, present, &filtered, &skipped)) {
+    const int i = static_cast<int>(std::find(present.begin(), present.end(), name) - present.begin());
     auto d = std::make_shared<RdmaDevice>();
     d->api = api;
     d->name = name;
@@ -154,7 +187,7 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
         } else {
           skipped += " " + name + " port " + std::to_string(p) + " (no usable GID" +
                      (gi >= 0 ? " at index " + std::to_string(gi) : std::string(": no IPv4-mapped RoCE v2 GID")) +
-                     "; set gid_index or MORI_RDMA_GID_INDEX)";
+                     "; set gid_index or MORI_IB_GID_INDEX)";
         }
         continue;
       }
@@ -177,20 +210,14 @@ std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, 
                                   << " " << GidText(d->gid) << " MTU " << (128 << static_cast<int>(d->active_mtu)));
     out.push_back(std::move(d));
   }
-  for (const std::string& w : wanted) {
-    bool listed = false;
-    for (int i = 0; i < n && !listed; ++i) listed = w == api->get_device_name(list[i]);
-    if (!listed) skipped += " " + w + " (no such device)";
-  }
   api->free_device_list(list);
   if (out.empty()) throw Error(StatusCode::ERR_BAD_STATE, none + ":" + skipped + filtered);
   // A device that was asked for (or, unfiltered, exists) but cannot be used
   // is not silently dropped: fewer rails than expected is worth a warning.
   if (!skipped.empty()) MORI_LOG(Warning, "RDMA: " << out.size() << " device(s) usable; left out:" << skipped);
   if (!filtered.empty()) MORI_LOG(Debug, "RDMA: left out:" << filtered);
-  // Same order on every engine of a host, whatever order the kernel lists
-  // them in: rail i of one engine pairs with rail i of the other.
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->name < b->name; });
+  // Rails in SelectDevices' order: the same on every engine of a host,
+  // whatever order the kernel lists the devices in.
   return out;
 }
 

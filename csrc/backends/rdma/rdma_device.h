@@ -34,11 +34,29 @@ struct RdmaDevice {
   int max_rd_atomic = 1;
 };
 
-// Opens the first active port of every device (filtered by env
-// MORI_TORCH_RDMA_DEVICES or MORI_RDMA_DEVICE, comma-separated names) and
-// picks its GID: `gid_index` >= 0, else env MORI_RDMA_GID_INDEX, else the
-// IPv4-mapped RoCE v2 GID (index 0 on InfiniBand). Throws Error with
-// "no active RDMA device/port found" and the reason when there is none.
+// Which devices to use, as MORI reads them: "a,b" uses a then b (rail
+// order), "^a,b" every device but a and b, empty every device (rails in name
+// order, the same on every engine of a host).
+struct DeviceFilter {
+  bool exclude = false;
+  std::vector<std::string> names;
+  std::string source;  // the variable it came from, for messages
+};
+DeviceFilter ParseDeviceFilter(const std::string& spec, std::string source);
+// From env MORI_TORCH_RDMA_DEVICES, else MORI's MORI_RDMA_DEVICES, else
+// MORI_RDMA_DEVICE (mori_torch's earlier name).
+DeviceFilter DeviceFilterFromEnv();
+// Of the devices `present` (libibverbs' order), the ones to open, in rail
+// order; those left out by the filter are appended to *filtered and names
+// asked for but absent to *missing (" name (why)" each).
+std::vector<std::string> SelectDevices(const DeviceFilter& f, std::vector<std::string> present, std::string* filtered,
+                                       std::string* missing);
+
+// Opens the first active port of every selected device (DeviceFilterFromEnv)
+// and picks its GID: `gid_index` >= 0, else env MORI_TORCH_RDMA_GID_INDEX,
+// MORI's MORI_IB_GID_INDEX or MORI_RDMA_GID_INDEX, else the IPv4-mapped RoCE
+// v2 GID (index 0 on InfiniBand). Throws Error with "no active RDMA
+// device/port found" and the reason when there is none.
 std::vector<std::shared_ptr<RdmaDevice>> OpenActiveDevices(const VerbsApi* api, int64_t gid_index);
 
 // "fe80::..." style text of a GID, for messages.
