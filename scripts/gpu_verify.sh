@@ -6,7 +6,8 @@
 #
 #   scripts/gpu_verify.sh build        # the extension only
 #   scripts/gpu_verify.sh stream       # stream ordering across nodes, ops, examples
-#   scripts/gpu_verify.sh rest         # every other GPU test (XGMI, TCP GPU pages, paged KV, trust, hardening)
+#   scripts/gpu_verify.sh rest         # every other test, GPU and CPU (XGMI, TCP GPU pages, paged KV, trust, hardening)
+#   scripts/gpu_verify.sh gpu          # only the other files with GPU tests (rest without the CPU-only files: minutes)
 #   scripts/gpu_verify.sh bench        # bench_ops, bench_kv_pull, bench_auth
 #   scripts/gpu_verify.sh peers        # compare_peers: mori_torch, NIXL, Mooncake TE on GPU and host memory
 #   scripts/gpu_verify.sh all          # everything above but peers, in this order (over 10 minutes)
@@ -64,6 +65,16 @@ rest() {
     "${deselect[@]}"
 }
 
+# The files besides STREAM_TESTS that hold GPU tests (the rest of `rest` is
+# CPU tests, which CI runs).
+GPU_TESTS=(tests/python/test_gpu_xgmi.py tests/python/test_gpu_tcp.py tests/python/test_gpu_failover.py
+  tests/python/test_paged_kv_gpu.py tests/python/test_observability.py tests/python/test_errors.py
+  tests/python/test_compare_peers.py)
+
+gpu() {
+  step pytest_gpu python3 -m pytest -q -ra --timeout=300 -p no:cacheprovider --durations=20 "${GPU_TESTS[@]}"
+}
+
 bench() {
   step bench_ops python3 benchmarks/bench_ops.py --json "$OUT/ops_$gpu.json" --iters 1000
   step bench_kv_pull python3 benchmarks/bench_kv_pull.py --backend both --json "$OUT/kv_pull_$gpu.json"
@@ -91,11 +102,12 @@ case "$stage" in
   build) build ;;
   stream) build && stream ;;
   rest) build && rest ;;
+  gpu) build && gpu ;;
   bench) build && bench ;;
   peers) build && peers ;;
   all) build && stream && rest && bench ;;
   *)
-    echo "unknown stage '$stage': build, stream, rest, bench, peers or all" >&2
+    echo "unknown stage '$stage': build, stream, rest, gpu, bench, peers or all" >&2
     exit 2
     ;;
 esac
