@@ -121,7 +121,7 @@ bool TcpBackend::ReadyInline(const Inbound& in) const {
   }
   const auto op = static_cast<Op>(h.op);
   if (op != Op::Write && op != Op::Read && op != Op::Notice) return false;
-  if (BytesReadable(fd) < RequestWireBytes(h)) return false;
+  if (BytesReadable(fd) < RequestWireBytes(op, h.num_segs, h.total_bytes)) return false;
   if (op == Op::Notice) return true;  // no response, no memory
   const uint64_t response = kWireAlign + kMaxMessageBytes + (op == Op::Read ? WireRound(h.total_bytes) : 0);
   if (!SendFitsNow(fd, response, in.sndbuf)) return false;

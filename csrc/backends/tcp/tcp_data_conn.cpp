@@ -95,9 +95,7 @@ bool DataConn::SendInlineLocked(const Part& p) const {
   if (!connected_ || send_scheduled_ || !send_q_.empty() || cfg_.inline_max_bytes == 0 || !SmallForInline(p)) {
     return false;
   }
-  const uint64_t wire = WireRound(sizeof(RequestHeader) + p.segs.size() * sizeof(WireSegment)) +
-                        (p.op == Op::Write ? WireRound(p.total) : 0);
-  return SendFitsNow(sock_.fd(), wire, sndbuf_);
+  return SendFitsNow(sock_.fd(), RequestWireBytes(p.op, p.segs.size(), p.total), sndbuf_);
 }
 
 void DataConn::Enqueue(PartPtr p) {

@@ -17,9 +17,9 @@ bool SendFitsNow(int fd, uint64_t bytes, int sndbuf) {
   return BytesUnsent(fd) + bytes <= static_cast<uint64_t>(sndbuf) / 2;
 }
 
-uint64_t RequestWireBytes(const RequestHeader& h) {
-  uint64_t n = WireRound(sizeof(h) + uint64_t{h.num_segs} * sizeof(WireSegment));
-  if (static_cast<Op>(h.op) == Op::Write) n += WireRound(h.total_bytes);
+uint64_t RequestWireBytes(Op op, uint64_t num_segs, uint64_t total_bytes) {
+  uint64_t n = WireRound(sizeof(RequestHeader) + num_segs * sizeof(WireSegment));
+  if (op == Op::Write) n += WireRound(total_bytes);
   return n;
 }
 

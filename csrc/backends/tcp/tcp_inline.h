@@ -32,7 +32,7 @@ int SendBufferBytes(int fd);
 bool SendFitsNow(int fd, uint64_t bytes, int sndbuf);
 // The bytes a request takes on the wire: header, table, padding, and for a
 // write its payload.
-uint64_t RequestWireBytes(const RequestHeader& h);
+uint64_t RequestWireBytes(Op op, uint64_t num_segs, uint64_t total_bytes);
 
 }  // namespace tcp
 }  // namespace mori_torch
