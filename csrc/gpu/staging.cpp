@@ -54,6 +54,7 @@ StagingSet::StagingSet(uint64_t chunk_bytes, int depth, int numa_node) : chunk_b
 }
 
 StagingSet::~StagingSet() {
+  RelaxedCaptureScope relaxed;  // freeing pinned memory must not break a capture elsewhere
   try {
     WaitAll();
   } catch (const Error&) {
@@ -71,7 +72,6 @@ StagingSet::Lane& StagingSet::LaneOf(int device) {
   for (auto& l : lanes_) {
     if (l.device == device) return l;
   }
-  RelaxCaptureModeForThisThread();
   WarmUpKernels(device);  // before any stream of this process waits on host memory
   Lane l;
   l.device = device;
@@ -93,6 +93,9 @@ void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, in
   // The kernel copies each list entry with one group of threads whose pass
   // covers 4 KiB: pieces are cut to that so all groups share a chunk.
   constexpr uint64_t kEntryBytes = 4096;
+  // A set moves between threads (pooled), and any of them may copy or wait
+  // while a user thread captures a graph: no call here may break that capture.
+  RelaxedCaptureScope relaxed;
   Lane& l = LaneOf(device);
   Chunk& c = chunks_[i];
   const bool to_chunk = dir == Direction::kDeviceToChunk;
@@ -129,11 +132,13 @@ void StagingSet::Wait(int i) {
   Event e = chunks_[i].sealed;
   if (!e) return;
   chunks_[i].sealed = nullptr;
+  RelaxedCaptureScope relaxed;  // a wait during another thread's global-mode capture would invalidate it
   SynchronizeEvent(e);
 }
 
 void StagingSet::WaitAll() {
   for (auto& c : chunks_) c.sealed = nullptr;
+  RelaxedCaptureScope relaxed;
   for (auto& l : lanes_) SynchronizeStream(l.stream);
 }
 

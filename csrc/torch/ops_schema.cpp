@@ -17,9 +17,8 @@ namespace {
 int64_t SessionHandle(const SessionRef& s) {
   TORCH_CHECK_VALUE(s && s->s, "mori.session_handle: session is None");
   try {
-    const int64_t h = HandleRegistry::Instance().HandleOf(s->s);
-    PrepareForStream(*s->s);  // work that must not happen during a graph capture
-    return h;
+    PrepareForStream(*s->s);  // work that must not happen during a graph capture; may refuse the pair
+    return HandleRegistry::Instance().HandleOf(s->s);
   } catch (const Error& e) {
     Rethrow(e);
   }

@@ -167,10 +167,14 @@ def test_stats_count_gpu_transfers_under_their_backend():
         dst = torch.zeros(4 << 20, dtype=torch.uint8, device="cuda:0")
         ld, rd = a.register_torch_tensor(src), b.register_torch_tensor(dst)
         wait_ok(a.write(ld, 0, rd, 0, 4 << 20, 1))
-        sess = a.create_session(ld, rd)
-        wait_ok(sess.batch_read([0, 8192], [4096, 65536], [4096, 4096], sess.allocate_transfer_uid()))
         torch.cuda.synchronize()
         assert torch.equal(dst, src)
+        want = torch.cat([dst[4096:8192], dst[65536:69632]])
+        sess = a.create_session(ld, rd)
+        # Reads remote [4096, 8192) and [65536, 69632) into local [0, 4096) and [8192, 12288).
+        wait_ok(sess.batch_read([0, 8192], [4096, 65536], [4096, 4096], sess.allocate_transfer_uid()))
+        torch.cuda.synchronize()
+        assert torch.equal(torch.cat([src[0:4096], src[8192:12288]]), want)
         x = a.stats()["peers"][b.key]["XGMI"]
         assert (x["writes"], x["reads"], x["succeeded"], x["in_flight"]) == (1, 1, 2, 0)
         assert (x["bytes_written"], x["bytes_read"]) == (4 << 20, 8192)

@@ -29,6 +29,9 @@ class TcpPeer : public BackendPeer {
   ~TcpPeer() override;
   void Submit(TransferOp op) override;
   bool Alive() const override { return !closed_.load(); }
+  // Refuses stream ordering of GPU memory that an engine of this very
+  // process serves (see the definition).
+  void PrepareStream(const LocalMemory& local, const MemoryDesc& remote) override;
   // Ends everything in flight with `reason`; later submits fail at once.
   void Close(const std::string& reason);
 

@@ -1,4 +1,9 @@
 #include "backends/tcp/tcp_backend.h"
+
+#include <unistd.h>
+
+#include <string>
+
 #include "core/control_plane.h"
 #include "core/logging.h"
 
@@ -16,6 +21,26 @@ TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, 
       conns_(static_cast<size_t>(cfg.num_data_conns)) {}
 
 TcpPeer::~TcpPeer() { Close("peer removed"); }
+
+// The target stages GPU memory through its own GPU streams. When it is an
+// engine of this process, those copies run in the same GPU context as the
+// stream that waits for them, behind a wait CUDA cannot see (the doorbell's
+// flag): the context's shared hardware queues can put the copies behind the
+// wait, and neither ever finishes (measured on H200 with the target in this
+// process: stalls until the inactivity timeout, every time with
+// CUDA_DEVICE_MAX_CONNECTIONS=1). So such a pair is refused up front; a
+// target in another process (as prefill and decode are deployed) has its own
+// context and is fine.
+void TcpPeer::PrepareStream(const LocalMemory& /*local*/, const MemoryDesc& remote) {
+  const bool this_process = remote_.pid == static_cast<int32_t>(getpid()) && remote_.node_id == self_.node_id;
+  if (this_process && remote.loc == MemoryLocationType::GPU) {
+    throw Error(StatusCode::ERR_INVALID_ARGS,
+                "stream-ordered TCP transfers of GPU memory served by an engine of this same process ('" + remote_.key +
+                    "', memory " + std::to_string(remote.id) +
+                    ") are refused: that engine's staging copies would queue on this process's GPU behind the "
+                    "stream's wait for them and could deadlock; serve the memory from another process, or use XGMI");
+  }
+}
 
 void TcpPeer::Close(const std::string& reason) {
   std::vector<std::shared_ptr<DataConn>> conns;
