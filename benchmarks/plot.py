@@ -13,6 +13,14 @@ import sys
 from collections import defaultdict
 
 
+def baseline_label(r):
+    """What the record's baseline was (the CLI names its kind)."""
+    kind = (r.get("baseline") or {}).get("kind") if isinstance(r.get("baseline"), dict) else None
+    if kind == "torch_copy":
+        return "torch copy_ baseline, same bytes"
+    return "socket loopback baseline, same bytes"
+
+
 def _size_label(n: int) -> str:
     for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= div:
@@ -66,7 +74,7 @@ def main(argv=None) -> int:
         if base:
             ax.plot([r["segment_bytes"] for r in base], [r["baseline_gbps"] for r in base], "s--",
                     color=line.get_color(), alpha=0.6,
-                    label=base[0].get("baseline_label", "socket loopback baseline, same bytes"))
+                    label=base[0].get("baseline_label", baseline_label(base[0])))
             rax.plot([r["segment_bytes"] for r in base], [r["ratio"] for r in base], "o-", color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

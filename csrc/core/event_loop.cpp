@@ -1,5 +1,6 @@
 #include "core/event_loop.h"
 
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -70,7 +71,26 @@ void WorkerPool::Run() {
   }
 }
 
-EventLoop::EventLoop(int threads) : spin_us_(config::EnvInt("MORI_TORCH_LOOP_SPIN_US")) {
+namespace {
+
+// MORI_TORCH_LOOP_SPIN_US, with -1 (the default) resolved by the CPUs this
+// process may run on: measured 4 KiB TCP round trips at 0.77-1.04x a plain
+// socket's without the window and 0.56x with it on 2 vCPUs, but 4 ms when
+// those 2 were oversubscribed; on 32 cores 1.72-1.87x without, 1.41-1.53x
+// with (docs/BENCHMARK.md). Where cores are many, spare ones are likely.
+int64_t LoopSpinUs() {
+  const int64_t v = config::EnvInt("MORI_TORCH_LOOP_SPIN_US");
+  if (v >= 0) return v;
+  constexpr int kManyCpus = 16;
+  constexpr int64_t kSpinUs = 50;
+  cpu_set_t set;
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return cpus >= kManyCpus ? kSpinUs : 0;
+}
+
+}  // namespace
+
+EventLoop::EventLoop(int threads) : spin_us_(LoopSpinUs()) {
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epfd_ < 0) throw Error(StatusCode::ERR_BAD_STATE, std::string("epoll_create1: ") + std::strerror(errno));
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
