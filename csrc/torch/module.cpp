@@ -29,6 +29,36 @@ PyObject* NotAnInt(const char* what, Py_ssize_t i, PyObject* item) {
   return nullptr;
 }
 
+// The value of an exact int. One-digit ints (below 2^30) are read inline
+// (CPython 3.12+: its "compact" accessors; 3.11: the digit itself); others
+// through PyLong_AsLongAndOverflow, which loops over the digits, where
+// PyLong_AsLongLong goes through a byte array (measured 14.6 against 5.0 ns
+// per entry for offsets past 2^31, as KV-cache byte offsets are).
+inline bool ExactIntToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) {
+  static_assert(sizeof(long) == sizeof(int64_t), "an LP64 platform");
+#if PY_VERSION_HEX >= 0x030C0000
+  if (PyUnstable_Long_IsCompact(reinterpret_cast<PyLongObject*>(item))) {
+    *out = PyUnstable_Long_CompactValue(reinterpret_cast<PyLongObject*>(item));
+    return true;
+  }
+#else
+  const Py_ssize_t digits = Py_SIZE(item);  // signed digit count
+  if (digits >= -1 && digits <= 1) {
+    *out = digits == 0 ? 0 : digits * static_cast<int64_t>(reinterpret_cast<PyLongObject*>(item)->ob_digit[0]);
+    return true;
+  }
+#endif
+  int overflow = 0;
+  const long v = PyLong_AsLongAndOverflow(item, &overflow);
+  if (overflow != 0) {
+    PyErr_Format(PyExc_OverflowError, "%s[%zd] does not fit in int64", what, i);
+    return false;
+  }
+  if (v == -1 && PyErr_Occurred()) return false;
+  *out = v;
+  return true;
+}
+
 // int64_tensor(values, what) -> a new CPU int64 tensor holding the list or
 // tuple `values`; entries may be any int or have __index__ (numpy ints).
 // Errors name `what` and the entry: TypeError for a non-int, OverflowError
@@ -49,31 +79,22 @@ PyObject* Int64Tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::TensorOptions().dtype(at::kLong));
   int64_t* out = t.data_ptr<int64_t>();
   for (Py_ssize_t i = 0; i < n; ++i) {
-    // __index__ of an entry may run Python code that shrinks a list.
-    if (i >= PySequence_Fast_GET_SIZE(seq)) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    if (PyLong_CheckExact(item)) {
+      if (!ExactIntToInt64(item, what, i, &out[i])) return nullptr;
+      continue;
+    }
+    if (!PyIndex_Check(item) || PyFloat_Check(item)) return NotAnInt(what, i, item);
+    // __index__ may run Python code, which may even shrink the list.
+    PyObject* idx = PyNumber_Index(item);
+    if (idx == nullptr) return nullptr;
+    const bool ok = ExactIntToInt64(idx, what, i, &out[i]);
+    Py_DECREF(idx);
+    if (!ok) return nullptr;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
       PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
       return nullptr;
     }
-    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
-    long long v;
-    if (PyLong_CheckExact(item)) {
-      v = PyLong_AsLongLong(item);
-    } else if (PyIndex_Check(item) && !PyFloat_Check(item)) {
-      PyObject* idx = PyNumber_Index(item);
-      if (idx == nullptr) return nullptr;
-      v = PyLong_AsLongLong(idx);
-      Py_DECREF(idx);
-    } else {
-      return NotAnInt(what, i, item);
-    }
-    if (v == -1 && PyErr_Occurred()) {
-      if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_OverflowError, "%s[%zd] does not fit in int64", what, i);
-      }
-      return nullptr;
-    }
-    out[i] = v;
   }
   return THPVariable_Wrap(std::move(t));
 }

@@ -87,6 +87,34 @@ def test_numpy_int64_arrays_and_tensors_are_not_copied():
     assert int64s("offsets", t) is t
 
 
+def test_list_values_of_every_width_convert_exactly():
+    """One-digit, multi-digit (byte offsets past 2^30 take another path) and
+    negative ints, numpy scalars (through __index__), bools, tuples."""
+    values = [0, 1, (1 << 30) - 1, 1 << 30, (1 << 31) + 4096, (1 << 62) + 5, (1 << 63) - 1, -1, -(1 << 40),
+              -(1 << 63), np.int64(7), np.uint32(1 << 31), True]
+    want = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    assert torch.equal(int64s("offsets", values), want)
+    assert torch.equal(int64s("offsets", tuple(values)), want)
+    with pytest.raises(OverflowError, match=r"offsets\[1\] does not fit in int64"):
+        int64s("offsets", [0, 1 << 63])
+    with pytest.raises(OverflowError, match=r"offsets\[0\] does not fit in int64"):
+        int64s("offsets", [-(1 << 63) - 1])
+
+
+def test_a_list_that_shrinks_while_read_is_an_error_not_a_crash():
+    values = [0, 4096]
+
+    class Shrinks:
+        def __index__(self):
+            values.clear()
+            return 8192
+
+    values.append(Shrinks())
+    values.append(12288)
+    with pytest.raises(RuntimeError, match="offsets changed size while it was read"):
+        int64s("offsets", values)
+
+
 @pytest.mark.parametrize("bad, error, message", [
     ([0, 1.5], TypeError, r"sizes\[1\] must be an int, got float"),
     ([0, "8"], TypeError, r"sizes\[1\] must be an int, got str"),
