@@ -68,7 +68,8 @@ const std::vector<Entry>& Rows() {
              "Stream-ordered ops: 'spin' forces spin kernels instead of the driver's stream memory operations."),
       Int(E, "MORI_TORCH_LOOP_SPIN_US", -1, -1, 1000000,
           "How long an event loop keeps polling (yielding) after handling events before it sleeps (us); 0: "
-          "sleep at once; -1: 50 where this process may run on 16 or more CPUs, else 0. 50 cuts small TCP "
+          "sleep at once; -1: 50 where this process may use 16 or more CPUs (affinity and cgroup quota), else "
+          "0. 50 cuts small TCP "
           "round trips where cores are spare; on busy cores it costs milliseconds."),
       Int(E, "MORI_TORCH_DOORBELL_SPIN_US", 2000, 0, 10000000,
           "Stream-ordered ops: how long the doorbell thread spins after activity before it sleeps (us)."),

@@ -103,6 +103,9 @@ class BackendPeer {
   // GPU call (RDMA on a dma-buf registration): stream-ordered transfers then
   // skip the pinned staging slot. Asked after PrepareStream.
   virtual bool PostsFromDeviceMemory(const LocalMemory& /*local*/) const { return false; }
+  // Throws Error when a doorbell-driven transfer with `remote` cannot be
+  // ordered on a stream safely (asked by every enqueue, so keep it cheap).
+  virtual void CheckStreamWait(const MemoryDesc& /*remote*/) const {}
 };
 
 class Backend {

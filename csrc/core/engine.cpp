@@ -60,6 +60,7 @@ Engine::Engine(const std::string& key, const EngineConfig& cfg)
   desc_.host = cfg.host.empty() ? "127.0.0.1" : cfg.host;
   desc_.pid = static_cast<int32_t>(getpid());
   desc_.incarnation = NewIncarnation();
+  local_mark_ = std::make_unique<LocalEngineMark>(desc_.incarnation);
   memory_.SetOwner(desc_.key, desc_.incarnation);
   self_counters_ = stats_.ForPeer(desc_.key);
   cfg_.secret = auth::ResolveSecret(cfg.secret);

@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/control_plane.h"
+#include "core/local_engines.h"
 #include "core/retry_driver.h"
 #include "core/session.h"
 
@@ -146,6 +147,9 @@ class Engine : public ControlPlaneDelegate {
   void CheckAlive(const char* what) const;
 
   EngineDesc desc_;
+  // Set once desc_ has its incarnation: other engines of this process can
+  // tell this one is here (core/local_engines.h).
+  std::unique_ptr<LocalEngineMark> local_mark_;
   EngineConfig cfg_;
   // First, so that it outlives everything that watches sockets on it.
   std::unique_ptr<EventLoop> loop_;

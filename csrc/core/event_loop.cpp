@@ -4,8 +4,11 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/config_table.h"
@@ -73,19 +76,40 @@ void WorkerPool::Run() {
 
 namespace {
 
+// CPUs' worth of time this process may use: its affinity mask, capped by a
+// cgroup CPU quota (a container limited to 2 CPUs still sees every core in
+// its mask): cgroup v2 cpu.max, else v1 cpu.cfs_quota_us / cfs_period_us.
+int UsableCpus() {
+  cpu_set_t set;
+  int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  long long quota = -1, period = 0;
+  if (FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
+    char q[32] = {0};
+    if (std::fscanf(f, "%31s %lld", q, &period) == 2 && std::strcmp(q, "max") != 0) quota = std::atoll(q);
+    std::fclose(f);
+  } else if (FILE* fq = std::fopen("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "r")) {
+    if (std::fscanf(fq, "%lld", &quota) != 1) quota = -1;
+    std::fclose(fq);
+    if (FILE* fp = std::fopen("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "r")) {
+      if (std::fscanf(fp, "%lld", &period) != 1) period = 0;
+      std::fclose(fp);
+    }
+  }
+  if (quota > 0 && period > 0) cpus = std::min<long long>(cpus, (quota + period - 1) / period);
+  return cpus < 1 ? 1 : cpus;
+}
+
 // MORI_TORCH_LOOP_SPIN_US, with -1 (the default) resolved by the CPUs this
-// process may run on: measured 4 KiB TCP round trips at 0.77-1.04x a plain
+// process may use: measured 4 KiB TCP round trips at 0.77-1.04x a plain
 // socket's without the window and 0.56x with it on 2 vCPUs, but 4 ms when
-// those 2 were oversubscribed; on 32 cores 1.72-1.87x without, 1.41-1.53x
-// with (docs/BENCHMARK.md). Where cores are many, spare ones are likely.
+// those 2 were oversubscribed; on 32 cores 1.72-1.87x without, 1.14-1.53x
+// with (docs/BENCHMARK.md). Where CPUs are many, spare ones are likely.
 int64_t LoopSpinUs() {
   const int64_t v = config::EnvInt("MORI_TORCH_LOOP_SPIN_US");
   if (v >= 0) return v;
   constexpr int kManyCpus = 16;
   constexpr int64_t kSpinUs = 50;
-  cpu_set_t set;
-  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return cpus >= kManyCpus ? kSpinUs : 0;
+  return UsableCpus() >= kManyCpus ? kSpinUs : 0;
 }
 
 }  // namespace

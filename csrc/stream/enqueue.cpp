@@ -225,6 +225,7 @@ void EnqueueOnStream(const StreamTransfer& t, StreamDriver& stream) {
         "local host memory must be the session's registration on a stream (a copy runs on the host: "
         "RunOnHost)");
   }
+  s.peer()->CheckStreamWait(s.remote_desc());
   const bool staged = t.local_on_device && !(is_registration && s.peer()->PostsFromDeviceMemory(*s.local()));
   RingDoorbell(t, stream, capturing, staged);
 }

@@ -11,7 +11,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from conftest import make_engine, unique_key
+from conftest import make_engine, unique_key, wait_ok
 from kv_layouts import block_bytes, classic_caches, randomize, vllm_caches
 from mori_torch import ops
 from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
@@ -60,20 +60,27 @@ class KVLink:
             rd = MemoryDesc.unpack(self.b.register_torch_tensor(self.rbuf).pack())
         else:
             self.a = make_engine("kvta")
-            self.conn, child = mp.get_context("spawn").Pipe()
-            self.proc = mp.get_context("spawn").Process(target=serve_caches, args=(child, kind, remote_device),
-                                                        daemon=True)
+            ctx = mp.get_context("spawn")
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(target=serve_caches, args=(child, kind, remote_device), daemon=True)
             self.proc.start()
-            assert self.conn.poll(120), "the prefill process did not start"
-            eb, mb = self.conn.recv()
-            remote_engine, rd = EngineDesc.unpack(eb), MemoryDesc.unpack(mb)
-        self.a.register_remote_engine(remote_engine)
-        self.lbuf, self.local = make_caches(kind, LOCAL_BLOCKS, "cuda:0")
-        torch.cuda.synchronize()
-        ld = self.a.register_torch_tensor(self.lbuf)
-        self.sess = self.a.create_session(ld, rd)
-        assert self.sess.backend_type == (BackendType.XGMI if backend == "xgmi" else BackendType.TCP)
-        self.h = ops.session_handle(self.sess)
+            child.close()  # a child that dies before answering ends the wait at once (EOF)
+        self.h = None
+        try:
+            if self.proc is not None:
+                assert self.conn.poll(120), "the prefill process did not answer"
+                eb, mb = self.conn.recv()
+                remote_engine, rd = EngineDesc.unpack(eb), MemoryDesc.unpack(mb)
+            self.a.register_remote_engine(remote_engine)
+            self.lbuf, self.local = make_caches(kind, LOCAL_BLOCKS, "cuda:0")
+            torch.cuda.synchronize()
+            ld = self.a.register_torch_tensor(self.lbuf)
+            self.sess = self.a.create_session(ld, rd)
+            assert self.sess.backend_type == (BackendType.XGMI if backend == "xgmi" else BackendType.TCP)
+            self.h = ops.session_handle(self.sess)
+        except BaseException:
+            self.close()
+            raise
         self.ahead = PullsAhead("cuda:0")
         self.ll = KVLayout.from_caches(self.local, self.lbuf)
         self.rl = KVLayout.from_caches(self.remote, self.rbuf)
@@ -85,14 +92,23 @@ class KVLink:
                     (what, name, lb, rb)
 
     def close(self):
-        torch.cuda.synchronize()
-        ops.release_session_handle(self.h)
-        self.a.shutdown()
-        if self.b is not None:
-            self.b.shutdown()
-        if self.proc is not None:
-            self.conn.send("exit")
-            self.proc.join(30)
+        try:
+            torch.cuda.synchronize()
+            if self.h is not None:
+                ops.release_session_handle(self.h)
+            self.a.shutdown()
+            if self.b is not None:
+                self.b.shutdown()
+        finally:
+            if self.proc is not None:
+                try:
+                    self.conn.send("exit")
+                except (BrokenPipeError, OSError):
+                    pass  # it is gone already
+                self.proc.join(30)
+                if self.proc.is_alive():
+                    self.proc.kill()
+                    self.proc.join(10)
 
 
 PARAMS = [("xgmi", "LBNHC", "cuda:0"), ("xgmi", "BLNHC", "cuda:0"), ("xgmi", "classic", "cuda:0"),
@@ -236,21 +252,27 @@ def test_compiled_step_matches_eager(link):
 def test_tcp_refuses_gpu_memory_served_in_this_process():
     """Over TCP the target stages GPU memory through its own GPU streams; in
     the same process those copies could queue behind the stream's wait for
-    them. session_handle refuses such a pair with a message saying why."""
+    them. A stream-ordered op on such a pair is refused, saying why, before
+    anything is enqueued; plain engine calls on the same pair stay fine."""
     a, b = make_engine("kvsa"), make_engine("kvsb")
+    h = None
     try:
         a.register_remote_engine(b.get_engine_desc())
         local = torch.zeros(1 << 16, dtype=torch.uint8, device="cuda")
-        remote = torch.zeros(1 << 16, dtype=torch.uint8, device="cuda")
+        remote = torch.arange(1 << 16, dtype=torch.int64, device="cuda").to(torch.uint8)
         sess = a.create_session(a.register_torch_tensor(local),
                                 MemoryDesc.unpack(b.register_torch_tensor(remote).pack()))
+        h = ops.session_handle(sess)
+        pages = torch.tensor([1, 2], dtype=torch.int64, device="cuda")
         with pytest.raises(ValueError, match="served by an engine of this same process.*another process"):
-            ops.session_handle(sess)
-        # Host memory served in this process stays fine (no GPU copies on the target).
-        host = torch.zeros(1 << 16, dtype=torch.uint8)
-        sess = a.create_session(a.register_torch_tensor(local),
-                                MemoryDesc.unpack(b.register_torch_tensor(host).pack()))
-        ops.release_session_handle(ops.session_handle(sess))
+            ops.read_pages(h, local, pages, pages, 4096)
+        torch.cuda.synchronize()
+        assert int(local.count_nonzero()) == 0  # nothing moved
+        wait_ok(sess.read(0, 4096, 8192, sess.allocate_transfer_uid()))  # a host-driven call waits on the host
+        torch.cuda.synchronize()
+        assert torch.equal(local[:8192], remote[4096:12288])
     finally:
+        if h is not None:
+            ops.release_session_handle(h)
         a.shutdown()
         b.shutdown()

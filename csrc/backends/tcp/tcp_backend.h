@@ -31,7 +31,7 @@ class TcpPeer : public BackendPeer {
   bool Alive() const override { return !closed_.load(); }
   // Refuses stream ordering of GPU memory that an engine of this very
   // process serves (see the definition).
-  void PrepareStream(const LocalMemory& local, const MemoryDesc& remote) override;
+  void CheckStreamWait(const MemoryDesc& remote) const override;
   // Ends everything in flight with `reason`; later submits fail at once.
   void Close(const std::string& reason);
 

@@ -1,10 +1,9 @@
 #include "backends/tcp/tcp_backend.h"
 
-#include <unistd.h>
-
 #include <string>
 
 #include "core/control_plane.h"
+#include "core/local_engines.h"
 #include "core/logging.h"
 
 namespace mori_torch {
@@ -28,12 +27,12 @@ TcpPeer::~TcpPeer() { Close("peer removed"); }
 // flag): the context's shared hardware queues can put the copies behind the
 // wait, and neither ever finishes (measured on H200 with the target in this
 // process: stalls until the inactivity timeout, every time with
-// CUDA_DEVICE_MAX_CONNECTIONS=1). So such a pair is refused up front; a
+// CUDA_DEVICE_MAX_CONNECTIONS=1). So such a pair is refused; a
 // target in another process (as prefill and decode are deployed) has its own
-// context and is fine.
-void TcpPeer::PrepareStream(const LocalMemory& /*local*/, const MemoryDesc& remote) {
-  const bool this_process = remote_.pid == static_cast<int32_t>(getpid()) && remote_.node_id == self_.node_id;
-  if (this_process && remote.loc == MemoryLocationType::GPU) {
+// context and is fine. Asked when an op is enqueued on a stream: host-side
+// (CPU tensor) ops and plain engine calls wait on the host and are fine.
+void TcpPeer::CheckStreamWait(const MemoryDesc& remote) const {
+  if (remote.loc == MemoryLocationType::GPU && InThisProcess(remote_)) {
     throw Error(StatusCode::ERR_INVALID_ARGS,
                 "stream-ordered TCP transfers of GPU memory served by an engine of this same process ('" + remote_.key +
                     "', memory " + std::to_string(remote.id) +

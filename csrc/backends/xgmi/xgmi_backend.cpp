@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/config_table.h"
+#include "core/local_engines.h"
 #include "core/logging.h"
 #include "core/thread_name.h"
 #include "gpu/stream_ops.h"
@@ -452,9 +453,7 @@ void XgmiBackend::Shutdown() {
 }
 
 XgmiPeer::XgmiPeer(XgmiBackend* backend, EngineDesc remote)
-    : backend_(backend),
-      remote_(std::move(remote)),
-      same_process_(remote_.pid == static_cast<int32_t>(getpid()) && remote_.node_id == backend->ctx().self->node_id) {}
+    : backend_(backend), remote_(std::move(remote)), same_process_(InThisProcess(remote_)) {}
 
 XgmiPeer::~XgmiPeer() { Close(); }
 
