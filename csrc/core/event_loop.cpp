@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "base/config_table.h"
 #include "core/logging.h"
@@ -81,22 +82,18 @@ namespace {
 // its mask): cgroup v2 cpu.max, else v1 cpu.cfs_quota_us / cfs_period_us.
 int UsableCpus() {
   cpu_set_t set;
-  int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  long long quota = -1, period = 0;
-  if (FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
-    char q[32] = {0};
-    if (std::fscanf(f, "%31s %lld", q, &period) == 2 && std::strcmp(q, "max") != 0) quota = std::atoll(q);
-    std::fclose(f);
-  } else if (FILE* fq = std::fopen("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "r")) {
-    if (std::fscanf(fq, "%lld", &quota) != 1) quota = -1;
-    std::fclose(fq);
-    if (FILE* fp = std::fopen("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "r")) {
-      if (std::fscanf(fp, "%lld", &period) != 1) period = 0;
-      std::fclose(fp);
-    }
+  long long cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  // A missing file or a value that does not parse leaves 0: no quota.
+  long long quota = 0, period = 0;
+  std::string v2_quota;
+  if (std::ifstream("/sys/fs/cgroup/cpu.max") >> v2_quota >> period) {
+    if (v2_quota != "max") quota = std::atoll(v2_quota.c_str());
+  } else {
+    std::ifstream("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") >> quota;  // -1: none
+    std::ifstream("/sys/fs/cgroup/cpu/cpu.cfs_period_us") >> period;
   }
-  if (quota > 0 && period > 0) cpus = std::min<long long>(cpus, (quota + period - 1) / period);
-  return cpus < 1 ? 1 : cpus;
+  if (quota > 0 && period > 0) cpus = std::min(cpus, (quota + period - 1) / period);
+  return cpus < 1 ? 1 : static_cast<int>(cpus);
 }
 
 // MORI_TORCH_LOOP_SPIN_US, with -1 (the default) resolved by the CPUs this

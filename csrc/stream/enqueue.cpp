@@ -216,7 +216,8 @@ void EnqueueOnStream(const StreamTransfer& t, StreamDriver& stream) {
   if (t.segs.count < 0) InvalidArgs("negative segment count " + std::to_string(t.segs.count));
   const bool capturing = stream.Capturing();
   Session& s = *t.session;
-  const bool on_peer = s.peer()->RunsOnStream();
+  const std::shared_ptr<BackendPeer> peer = s.peer();  // one routing decision for the whole enqueue
+  const bool on_peer = peer->RunsOnStream();
   CheckListsFor(t, capturing, on_peer);
   if (on_peer) return LaunchOnPeer(t, stream);
   const bool is_registration = t.local_base == s.local()->desc.data;
@@ -225,8 +226,8 @@ void EnqueueOnStream(const StreamTransfer& t, StreamDriver& stream) {
         "local host memory must be the session's registration on a stream (a copy runs on the host: "
         "RunOnHost)");
   }
-  s.peer()->CheckStreamWait(s.remote_desc());
-  const bool staged = t.local_on_device && !(is_registration && s.peer()->PostsFromDeviceMemory(*s.local()));
+  peer->CheckStreamWait(s.remote_desc());
+  const bool staged = t.local_on_device && !(is_registration && peer->PostsFromDeviceMemory(*s.local()));
   RingDoorbell(t, stream, capturing, staged);
 }
 

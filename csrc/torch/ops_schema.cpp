@@ -17,7 +17,7 @@ namespace {
 int64_t SessionHandle(const SessionRef& s) {
   TORCH_CHECK_VALUE(s && s->s, "mori.session_handle: session is None");
   try {
-    PrepareForStream(*s->s);  // work that must not happen during a graph capture; may refuse the pair
+    PrepareForStream(*s->s);  // work that must not happen during a graph capture; may throw
     return HandleRegistry::Instance().HandleOf(s->s);
   } catch (const Error& e) {
     Rethrow(e);

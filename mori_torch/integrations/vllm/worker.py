@@ -194,7 +194,7 @@ class ConnectorWorker:
         session = self.engine.create_session(self.mem_desc, mem)
         if session is None:
             raise RuntimeError(f"no backend of this engine reaches engine {key!r} for this memory pair")
-        handle = ops.session_handle(session)  # may refuse the pair; the old one stays valid until then
+        handle = ops.session_handle(session)  # may fail (mapping the remote memory); the old one stays valid until then
         if known is not None:
             self._remotes.pop(key, None)
             ops.release_session_handle(known.handle)
