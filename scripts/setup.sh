@@ -59,6 +59,15 @@ else
   echo "==> apt: all system packages present"
 fi
 
+# Disk: a first run puts about 10 GB here (the CUDA torch and its libraries
+# about 6, vLLM 1.3, the builds 1.5). Said up front, so that a short disk is
+# named before pip fails midway with "No space left on device".
+free_gb=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+echo "==> disk: ${free_gb} GB free here"
+if [ ! -x "$VENV/bin/python" ] && [ "$free_gb" -lt 10 ]; then
+  echo "WARNING: a first run needs about 10 GB free, ${free_gb} GB are; it may fail with 'No space left on device'" >&2
+fi
+
 [ -x "$VENV/bin/python" ] || { step "creating the virtual environment $VENV" "seconds"; python3 -m venv "$VENV"; step_done; }
 PY="$VENV/bin/python"
 
@@ -143,7 +152,8 @@ if [ "${MORI_SKIP_VLLM_ENV:-0}" != 1 ]; then
     echo "==> vLLM 0.33.0 already installed"
   else
     step "vLLM 0.33.0 beside mori_torch (tests/vllm; MORI_SKIP_VLLM_ENV=1 leaves it out)" "1-3 min"
-    scripts/setup_vllm_env.sh
+    quietly "$LOG_DIR/vllm.log" scripts/setup_vllm_env.sh
+    tail -n 1 "$LOG_DIR/vllm.log" | sed 's/^/    /'
     step_done
   fi
 fi
