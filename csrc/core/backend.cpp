@@ -14,7 +14,7 @@ void AttachRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& count
   if (counters) {
     r.counters = counters;
     r.is_read = op.is_read;
-    r.bytes = TotalBytes(op.segs);
+    r.bytes = op.segs->total_bytes;
     r.start_ns = StatsNowNs();
     counters->Start(op.is_read);
   }

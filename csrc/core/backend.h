@@ -30,7 +30,7 @@ struct TransferOp {
   bool is_read = false;
   std::shared_ptr<LocalMemory> local;  // acquired only while bytes move
   MemoryDesc remote;
-  std::vector<Segment> segs;  // validated against both registrations
+  SharedSegments segs;  // validated against both registrations; read-only, shared with later attempts
   TransferUid uid = 0;
   StatusPtr status;
   // 0 for the first attempt; the retry driver numbers later ones so that

@@ -366,13 +366,14 @@ StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, T
   return StatusCode::ERR_BAD_STATE;
 }
 
-StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
-                         const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
-                         const std::vector<int64_t>& sizes, TransferUid uid) {
+StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
+                         Int64Span remote_offsets, Int64Span sizes, TransferUid uid) {
   auto status = MakeStatus();
   TransferOp op;
   std::string msg;
-  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local, remote, &op.segs, &msg);
+  auto segs = std::make_shared<SegmentBatch>();
+  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local, remote, segs.get(), &msg);
+  op.segs = std::move(segs);
   Route route;
   if (c == StatusCode::SUCCESS) c = Resolve(local, remote, &route, &msg);
   if (c != StatusCode::SUCCESS) {
@@ -401,11 +402,10 @@ StatusPtr Engine::Write(const MemoryDesc& local, int64_t lo, const MemoryDesc& r
 }
 
 std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<MemoryDesc>& locals,
-                                             const std::vector<std::vector<int64_t>>& local_offsets,
+                                             const std::vector<Int64Span>& local_offsets,
                                              const std::vector<MemoryDesc>& remotes,
-                                             const std::vector<std::vector<int64_t>>& remote_offsets,
-                                             const std::vector<std::vector<int64_t>>& sizes,
-                                             const std::vector<int64_t>& uids) {
+                                             const std::vector<Int64Span>& remote_offsets,
+                                             const std::vector<Int64Span>& sizes, const std::vector<int64_t>& uids) {
   const size_t n = locals.size();
   std::vector<StatusPtr> out;
   out.reserve(n);

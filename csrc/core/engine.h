@@ -77,13 +77,13 @@ class Engine : public ControlPlaneDelegate {
                  int64_t size, TransferUid uid);
   StatusPtr Write(const MemoryDesc& local, int64_t local_offset, const MemoryDesc& remote, int64_t remote_offset,
                   int64_t size, TransferUid uid);
-  // N memory pairs -> N statuses, every one of which ends.
+  // N memory pairs -> N statuses, every one of which ends. The spans are
+  // read during the call only (the caller's tensors, uncopied).
   std::vector<StatusPtr> BatchTransfer(bool is_read, const std::vector<MemoryDesc>& locals,
-                                       const std::vector<std::vector<int64_t>>& local_offsets,
+                                       const std::vector<Int64Span>& local_offsets,
                                        const std::vector<MemoryDesc>& remotes,
-                                       const std::vector<std::vector<int64_t>>& remote_offsets,
-                                       const std::vector<std::vector<int64_t>>& sizes,
-                                       const std::vector<int64_t>& uids);
+                                       const std::vector<Int64Span>& remote_offsets,
+                                       const std::vector<Int64Span>& sizes, const std::vector<int64_t>& uids);
 
   // nullptr when no backend can serve the pair; throws Error for bad
   // descriptors.
@@ -129,9 +129,8 @@ class Engine : public ControlPlaneDelegate {
   // whose path to the remote engine is healthy (failover.h), else the first
   // capable one. The retry driver's router.
   StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg);
-  StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote,
-                   const std::vector<int64_t>& local_offsets, const std::vector<int64_t>& remote_offsets,
-                   const std::vector<int64_t>& sizes, TransferUid uid);
+  StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
+                   Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
   std::shared_ptr<Backend> BackendOf(BackendType type) const;
   // Calls fn for each backend that exists, fastest first (no lock held).
   void ForEachBackend(const std::function<void(Backend&)>& fn) const;

@@ -46,7 +46,7 @@ void RetryDriver::Submit(TransferOp op, TransferPath path) {
   if (!policy_.enabled || policy_.max_attempts <= 1) return path.peer->Submit(std::move(op));
   auto t = std::make_shared<Transfer>();
   t->driver = weak_from_this();
-  t->op = op;  // kept for the retries (the backend takes `op`)
+  t->op = op;  // kept for the retries (the backend takes `op`; the segment list is shared, not copied)
   t->backend = path.backend->Type();
   t->peer_key = std::move(path.peer_key);
   t->alternative = path.alternative;

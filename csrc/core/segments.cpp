@@ -10,13 +10,10 @@ uint64_t TotalBytes(const std::vector<Segment>& segs) {
   return t;
 }
 
-std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
-  std::vector<Segment> out = segs;
-  MergeContiguousInPlace(&out);
-  return out;
-}
+namespace {
 
-void MergeContiguousInPlace(std::vector<Segment>* segs) {
+// In place and in one O(n) pass (no sorting, no allocation).
+void MergeInPlace(std::vector<Segment>* segs) {
   Segment* v = segs->data();
   const size_t n = segs->size();
   // Read-only scan up to the first entry that is empty or continues its
@@ -43,6 +40,20 @@ void MergeContiguousInPlace(std::vector<Segment>* segs) {
     v[kept++] = s;
   }
   segs->resize(kept);
+}
+
+}  // namespace
+
+std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
+  std::vector<Segment> out = segs;
+  MergeInPlace(&out);
+  return out;
+}
+
+const std::vector<Segment>& MergedView(const SegmentBatch& batch, std::vector<Segment>* scratch) {
+  if (!batch.mergeable) return batch.segs;
+  *scratch = MergeContiguous(batch.segs);
+  return *scratch;
 }
 
 std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, size_t parts) {

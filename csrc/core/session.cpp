@@ -20,7 +20,9 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   }
   TransferOp op;
   std::string msg;
-  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local->desc, remote_, &op.segs, &msg);
+  auto segs = std::make_shared<SegmentBatch>();
+  StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local->desc, remote_, segs.get(), &msg);
+  op.segs = std::move(segs);
   if (c != StatusCode::SUCCESS) {
     if (counters_) counters_->Rejected(is_read, c);
     status->Update(c, msg);

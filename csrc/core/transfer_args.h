@@ -35,10 +35,11 @@ struct Int64Span {
 #endif
 };
 
-// Builds the segment list of one transfer; returns SUCCESS or
-// ERR_INVALID_ARGS with *msg set. One tight pass over the arrays when all is
-// well; the message for a bad segment is built only on failure.
+// Builds the segment list of one transfer with its byte count and whether
+// it would merge; returns SUCCESS or ERR_INVALID_ARGS with *msg set (and
+// *out empty). One tight pass over the arrays when all is well; the message
+// for a bad segment is built only on failure.
 StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, const MemoryDesc& local,
-                         const MemoryDesc& remote, std::vector<Segment>* out, std::string* msg);
+                         const MemoryDesc& remote, SegmentBatch* out, std::string* msg);
 
 }  // namespace mori_torch

@@ -107,15 +107,21 @@ std::vector<std::vector<int64_t>> ToVecs(const c10::List<c10::List<int64_t>>& l)
   return out;
 }
 
+// Spans over lists of values that the caller keeps alive for the call.
+std::vector<Int64Span> Spans(const std::vector<std::vector<int64_t>>& l) {
+  return std::vector<Int64Span>(l.begin(), l.end());
+}
+
 // One int64 tensor per memory pair (mori_torch._C.int64_tensor made them
-// from the caller's lists, or the caller passed tensors or numpy arrays).
-std::vector<std::vector<int64_t>> ToVecs(const c10::List<at::Tensor>& l, const char* name) {
-  std::vector<std::vector<int64_t>> out;
+// from the caller's lists, or the caller passed tensors or numpy arrays),
+// read in place: `holders` keeps a contiguous CPU copy where one was needed.
+std::vector<Int64Span> Spans(const c10::List<at::Tensor>& l, const char* name, std::vector<HostInt64>* holders) {
+  holders->reserve(holders->size() + l.size());  // spans point into the tensors, which stay put either way
+  std::vector<Int64Span> out;
   out.reserve(l.size());
   for (const at::Tensor& t : l) {
-    const auto host = ToHostInt64(t, name);  // holds a contiguous CPU copy where one was needed
-    const Int64Span s = host.span();
-    out.emplace_back(s.data, s.data + s.size);
+    holders->push_back(ToHostInt64(t, name));
+    out.push_back(holders->back().span());
   }
   return out;
 }
@@ -326,23 +332,27 @@ TORCH_LIBRARY(mori, m) {
            [](const EngineRef& self, const c10::List<MemoryDescRef>& locals, const c10::List<c10::List<int64_t>>& lo,
               const c10::List<MemoryDescRef>& remotes, const c10::List<c10::List<int64_t>>& ro,
               const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
-             return WrapAll(self->e->BatchTransfer(true, ToDescs(locals), ToVecs(lo), ToDescs(remotes), ToVecs(ro),
-                                                   ToVecs(sizes), ToVec(uids)));
+             const auto l = ToVecs(lo), r = ToVecs(ro), n = ToVecs(sizes);
+             return WrapAll(self->e->BatchTransfer(true, ToDescs(locals), Spans(l), ToDescs(remotes), Spans(r),
+                                                   Spans(n), ToVec(uids)));
            })
       .def("batch_write",
            [](const EngineRef& self, const c10::List<MemoryDescRef>& locals, const c10::List<c10::List<int64_t>>& lo,
               const c10::List<MemoryDescRef>& remotes, const c10::List<c10::List<int64_t>>& ro,
               const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
-             return WrapAll(self->e->BatchTransfer(false, ToDescs(locals), ToVecs(lo), ToDescs(remotes), ToVecs(ro),
-                                                   ToVecs(sizes), ToVec(uids)));
+             const auto l = ToVecs(lo), r = ToVecs(ro), n = ToVecs(sizes);
+             return WrapAll(self->e->BatchTransfer(false, ToDescs(locals), Spans(l), ToDescs(remotes), Spans(r),
+                                                   Spans(n), ToVec(uids)));
            })
       .def("batch_transfer_tensors",
            [](const EngineRef& self, bool is_read, const c10::List<MemoryDescRef>& locals,
               const c10::List<at::Tensor>& lo, const c10::List<MemoryDescRef>& remotes, const c10::List<at::Tensor>& ro,
               const c10::List<at::Tensor>& sizes, const c10::List<int64_t>& uids) {
-             return WrapAll(self->e->BatchTransfer(is_read, ToDescs(locals), ToVecs(lo, "local_offsets[]"),
-                                                   ToDescs(remotes), ToVecs(ro, "remote_offsets[]"),
-                                                   ToVecs(sizes, "sizes[]"), ToVec(uids)));
+             std::vector<HostInt64> holders;  // alive until BatchTransfer returns
+             const auto l = Spans(lo, "local_offsets[]", &holders);
+             const auto r = Spans(ro, "remote_offsets[]", &holders);
+             const auto n = Spans(sizes, "sizes[]", &holders);
+             return WrapAll(self->e->BatchTransfer(is_read, ToDescs(locals), l, ToDescs(remotes), r, n, ToVec(uids)));
            })
       .def("create_session",
            [](const EngineRef& self, const MemoryDescRef& local,

@@ -25,28 +25,28 @@ struct Args {
   std::vector<int64_t> lo, ro, sz;
 };
 
-StatusCode Build(const Args& a, uint64_t lsize, uint64_t rsize, std::vector<Segment>* out, std::string* msg) {
+StatusCode Build(const Args& a, uint64_t lsize, uint64_t rsize, SegmentBatch* out, std::string* msg) {
   return BuildSegments(a.lo, a.ro, a.sz, Mem(lsize, 1), Mem(rsize, 2), out, msg);
 }
 
 TEST(BuildSegmentsTest, CopiesValidSegmentsInOrderUpToTheLastByte) {
   Args a{{0, 96, 50}, {4, 0, 90}, {4, 4, 10}};
-  std::vector<Segment> out;
+  SegmentBatch out;
   std::string msg;
   ASSERT_EQ(Build(a, 100, 100, &out, &msg), StatusCode::SUCCESS) << msg;
-  ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(out[1].local_off, 96u);   // ends exactly at the local end
-  EXPECT_EQ(out[2].remote_off, 90u);  // ends exactly at the remote end
-  EXPECT_EQ(out[2].size, 10u);
+  ASSERT_EQ(out.segs.size(), 3u);
+  EXPECT_EQ(out.segs[1].local_off, 96u);   // ends exactly at the local end
+  EXPECT_EQ(out.segs[2].remote_off, 90u);  // ends exactly at the remote end
+  EXPECT_EQ(out.segs[2].size, 10u);
 }
 
 TEST(BuildSegmentsTest, ScalarAndRawArraySpans) {
   const int64_t lo = 8, ro = 16, sz = 32;
-  std::vector<Segment> out;
+  SegmentBatch out;
   std::string msg;
   ASSERT_EQ(BuildSegments({&lo, 1}, {&ro, 1}, {&sz, 1}, Mem(64, 1), Mem(64, 2), &out, &msg), StatusCode::SUCCESS);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].remote_off, 16u);
+  ASSERT_EQ(out.segs.size(), 1u);
+  EXPECT_EQ(out.segs[0].remote_off, 16u);
   const int64_t arr[] = {0, 1, 2};
   EXPECT_EQ(BuildSegments({arr, 3}, {arr, 3}, {arr, 2}, Mem(64, 1), Mem(64, 2), &out, &msg),
             StatusCode::ERR_INVALID_ARGS);
@@ -54,13 +54,13 @@ TEST(BuildSegmentsTest, ScalarAndRawArraySpans) {
 }
 
 TEST(BuildSegmentsTest, NamesTheFirstBadSegment) {
-  std::vector<Segment> out;
+  SegmentBatch out;
   std::string msg;
   // Segment 2 is out of bounds remotely, segment 3 negative: 2 is reported.
   Args a{{0, 0, 0, -1}, {0, 0, 95, 0}, {1, 1, 6, 1}};
   ASSERT_EQ(Build(a, 100, 100, &out, &msg), StatusCode::ERR_INVALID_ARGS);
   EXPECT_EQ(msg.rfind("segment 2: remote range out of bounds: offset 95 + size 6", 0), 0u) << msg;
-  EXPECT_TRUE(out.empty());
+  EXPECT_TRUE(out.segs.empty());
   a = Args{{0, 0}, {0, -7}, {1, 1}};
   ASSERT_EQ(Build(a, 100, 100, &out, &msg), StatusCode::ERR_INVALID_ARGS);
   EXPECT_EQ(msg, "negative value in segment 1: local_offset=0, remote_offset=-7, size=1");
@@ -71,7 +71,7 @@ TEST(BuildSegmentsTest, NamesTheFirstBadSegment) {
 }
 
 TEST(BuildSegmentsTest, HugeValuesDoNotWrapPastTheBoundsCheck) {
-  std::vector<Segment> out;
+  SegmentBatch out;
   std::string msg;
   const int64_t big = std::numeric_limits<int64_t>::max();
   Args a{{big}, {0}, {big}};
@@ -101,16 +101,80 @@ TEST(BuildSegmentsTest, RandomizedAgreesWithPerSegmentChecks) {
       const bool ok = lo >= 0 && static_cast<uint64_t>(lo + sz) <= lsize && static_cast<uint64_t>(ro + sz) <= rsize;
       if (!ok && first_bad < 0) first_bad = i;
     }
-    std::vector<Segment> out;
+    SegmentBatch out;
     std::string msg;
     const StatusCode c = Build(a, lsize, rsize, &out, &msg);
     if (first_bad < 0) {
       ASSERT_EQ(c, StatusCode::SUCCESS) << msg;
-      ASSERT_EQ(out.size(), static_cast<size_t>(n));
+      ASSERT_EQ(out.segs.size(), static_cast<size_t>(n));
     } else {
       ASSERT_EQ(c, StatusCode::ERR_INVALID_ARGS);
       if (n > 1) ASSERT_NE(msg.find("segment " + std::to_string(first_bad)), std::string::npos) << msg;
     }
+  }
+}
+
+bool SameSegments(const std::vector<Segment>& a, const std::vector<Segment>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].local_off != b[i].local_off || a[i].remote_off != b[i].remote_off || a[i].size != b[i].size) return false;
+  }
+  return true;
+}
+
+// The facts found in the validating pass: the byte count, and whether
+// merging would change the list (then MergedView merges, else it is the
+// list itself, uncopied).
+TEST(BuildSegmentsTest, KnowsTheByteCountAndWhetherTheListWouldMerge) {
+  SegmentBatch out;
+  std::string msg;
+  ASSERT_EQ(Build(Args{{0, 64, 32}, {96, 0, 64}, {16, 16, 16}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_EQ(out.total_bytes, 48u);
+  EXPECT_FALSE(out.mergeable);  // scattered pages
+  std::vector<Segment> scratch;
+  EXPECT_EQ(&MergedView(out, &scratch), &out.segs);
+  ASSERT_EQ(Build(Args{{0, 16}, {32, 48}, {16, 16}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_TRUE(out.mergeable);  // the second continues the first on both sides
+  const std::vector<Segment>& merged = MergedView(out, &scratch);
+  ASSERT_EQ(merged.size(), 1u);
+  EXPECT_EQ(merged[0].size, 32u);
+  ASSERT_EQ(Build(Args{{0, 16}, {32, 0}, {16, 16}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_FALSE(out.mergeable);  // contiguous locally only
+  ASSERT_EQ(Build(Args{{0, 5}, {32, 9}, {16, 0}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_TRUE(out.mergeable);  // an empty segment is dropped
+  ASSERT_EQ(Build(Args{{}, {}, {}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_FALSE(out.mergeable);
+  EXPECT_EQ(out.total_bytes, 0u);
+  // A rejected batch leaves no facts behind.
+  ASSERT_EQ(Build(Args{{0, 16}, {32, 48}, {16, 200}}, 128, 128, &out, &msg), StatusCode::ERR_INVALID_ARGS);
+  EXPECT_EQ(out.total_bytes, 0u);
+  EXPECT_FALSE(out.mergeable);
+}
+
+TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
+  std::mt19937_64 rng(11);
+  for (int iter = 0; iter < 3000; ++iter) {
+    Args a;
+    const int n = rng() % 10;
+    for (int i = 0; i < n; ++i) {
+      const int64_t sz = rng() % 5 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 16);
+      if (i > 0 && rng() % 3 == 0) {  // continue the previous segment on one or both sides
+        a.lo.push_back(a.lo.back() + a.sz.back());
+        a.ro.push_back(rng() % 2 ? a.ro.back() + a.sz.back() : static_cast<int64_t>(rng() % 200));
+      } else {
+        a.lo.push_back(static_cast<int64_t>(rng() % 200));
+        a.ro.push_back(static_cast<int64_t>(rng() % 200));
+      }
+      a.sz.push_back(sz);
+    }
+    SegmentBatch out;
+    std::string msg;
+    ASSERT_EQ(Build(a, 1024, 1024, &out, &msg), StatusCode::SUCCESS) << msg;
+    EXPECT_EQ(out.total_bytes, TotalBytes(out.segs));
+    const std::vector<Segment> merged = MergeContiguous(out.segs);
+    EXPECT_EQ(out.mergeable, !SameSegments(merged, out.segs)) << "iteration " << iter;
+    std::vector<Segment> scratch;
+    EXPECT_TRUE(SameSegments(MergedView(out, &scratch), merged));
   }
 }
 

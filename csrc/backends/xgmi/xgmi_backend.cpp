@@ -311,9 +311,9 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
   }
   const int dev = op.local->desc.device_id;
   pending->device = dev;
-  std::vector<Segment>& segs = op.segs;
-  MergeContiguousInPlace(&segs);
-  const uint64_t total = TotalBytes(segs);
+  std::vector<Segment> merged;
+  const std::vector<Segment>& segs = MergedView(*op.segs, &merged);
+  const uint64_t total = op.segs->total_bytes;
   const uint64_t local_base = op.local->desc.data;
   const uint64_t dst_base = op.is_read ? local_base : remote_base;
   const uint64_t src_base = op.is_read ? remote_base : local_base;
