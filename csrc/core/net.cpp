@@ -257,7 +257,20 @@ IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& dead
           errno = ECONNABORTED;
           return -1;
         }
-        return ::recvmsg(f, m, MSG_DONTWAIT);
+        // At most kFencedReceiveMax bytes: the entry that crosses the cap is
+        // shortened for this call only (VecLoop advances by what arrived).
+        iovec* v = m->msg_iov;
+        size_t total = 0, k = 0;
+        while (k < m->msg_iovlen && total + v[k].iov_len <= kFencedReceiveMax) total += v[k++].iov_len;
+        if (k == m->msg_iovlen) return ::recvmsg(f, m, MSG_DONTWAIT);
+        const size_t whole = v[k].iov_len;
+        v[k].iov_len = kFencedReceiveMax - total;
+        m->msg_iovlen = k + 1;
+        const ssize_t n = ::recvmsg(f, m, MSG_DONTWAIT);
+        const int err = errno;
+        v[k].iov_len = whole;
+        errno = err;
+        return n;
       },
       "fenced receive (the peer abandoned the connection; nothing more is written)");
 }

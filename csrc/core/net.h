@@ -102,7 +102,12 @@ IoResult ReadVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 // unread data may still be queued).
 bool PeerAbandoned(int fd);
 // ReadVFull into memory the peer may only write while it waits for the
-// answer: fails, receiving nothing more, as soon as PeerAbandoned.
+// answer: fails, receiving nothing more, as soon as PeerAbandoned. The check
+// and the receive are two system calls: a thread stopped between them copies
+// what was queued when it resumes, so each receive takes at most
+// kFencedReceiveMax bytes, which bounds what can land after the peer gave up
+// (docs/SECURITY.md, "No late writes").
+constexpr size_t kFencedReceiveMax = size_t{1} << 20;
 IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 // Reads and throws away n bytes (keeps a stream in sync after a rejected request).

@@ -283,12 +283,34 @@ SIZES = [4 << 10, 256 << 10, 4 << 20, 32 << 20]
 # When the target is stopped: before the write is issued, or this many
 # seconds after (it may be mid-transfer, or already done).
 STOPS = ["before", 0.0, 0.001, 0.004, 0.015]
+# What may land after the failure (docs/SECURITY.md, "No late writes"): one
+# fenced receive, if the target stopped between its check and its receive.
+FENCED_RECEIVE_MAX = 1 << 20
+
+
+def late_bytes(after, snapshot, value):
+    """How many bytes changed after the write was reported failed; asserts
+    they are the documented limit's: one run of the write's own bytes, at
+    most one fenced receive long, right after what had landed before."""
+    a = torch.frombuffer(bytearray(after), dtype=torch.uint8)
+    s = torch.frombuffer(bytearray(snapshot), dtype=torch.uint8)
+    changed = torch.nonzero(a != s).flatten()
+    if changed.numel() == 0:
+        return 0
+    first, last = int(changed[0]), int(changed[-1])
+    assert last - first + 1 <= FENCED_RECEIVE_MAX, f"{last - first + 1} bytes landed late (bytes {first}..{last})"
+    assert bool((a[first:last + 1] == value).all()), "bytes that landed late are not the write's"
+    assert first == 0 or int(s[first - 1]) == value, f"late bytes at {first} do not follow what had landed"
+    assert bool((s[first:] == 0).all()), "the snapshot holds bytes past where the late run starts"
+    return last - first + 1
 
 
 def test_failed_write_never_lands_later(tmp_path):
     """The target is SIGSTOPped around a write; once the initiator reports
     the write failed (op timeout), the target is resumed and must not change
-    a byte of its memory from then on."""
+    its memory from then on, but for the documented limit: a receive already
+    past its fence check when the target stopped (at most 1 MiB, the write's
+    own bytes, right after what had landed)."""
     nbytes = max(SIZES)
     shm = tmp_path / "target-buffer"
     with open(shm, "wb") as f:
@@ -328,11 +350,10 @@ def test_failed_write_never_lands_later(tmp_path):
                     # work through whatever its sockets still held.
                     assert tgt.call("get", (0, 1)) is not None
                     time.sleep(0.3)
-                    after = view[:size]
-                    changed = sum(1 for a, b in zip(after[::4096], snapshot[::4096]) if a != b)
-                    assert after == snapshot, (
-                        f"size {size}, stop {stop}: {changed} sampled pages changed after the write was reported "
-                        f"failed ({st.Message()})")
+                    late = late_bytes(view[:size], snapshot, value)
+                    if late:
+                        print(f"size {size}, stop {stop}: {late} bytes of one fenced receive landed after the "
+                              f"failure ({st.Message()})")
         # The stopped-before cases always fail: the fence was exercised.
         assert failed >= 2 * len(SIZES)
         # And the engines still work together.
