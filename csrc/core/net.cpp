@@ -249,6 +249,24 @@ bool PeerAbandoned(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+ssize_t RecvAtMost(int fd, msghdr* m, size_t cap) {
+  iovec* v = m->msg_iov;
+  size_t total = 0, k = 0;
+  while (k < m->msg_iovlen && total + v[k].iov_len <= cap) total += v[k++].iov_len;
+  if (k == m->msg_iovlen) return ::recvmsg(fd, m, MSG_DONTWAIT);
+  // Entry k crosses the cap: shortened for this call only.
+  const size_t whole = v[k].iov_len;
+  const size_t whole_count = m->msg_iovlen;
+  v[k].iov_len = cap - total;
+  m->msg_iovlen = k + 1;
+  const ssize_t n = ::recvmsg(fd, m, MSG_DONTWAIT);
+  const int err = errno;
+  v[k].iov_len = whole;
+  m->msg_iovlen = whole_count;
+  errno = err;
+  return n;
+}
+
 IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {
   return VecLoop(
       fd, iov, deadline, POLLIN,
@@ -257,20 +275,7 @@ IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& dead
           errno = ECONNABORTED;
           return -1;
         }
-        // At most kFencedReceiveMax bytes: the entry that crosses the cap is
-        // shortened for this call only (VecLoop advances by what arrived).
-        iovec* v = m->msg_iov;
-        size_t total = 0, k = 0;
-        while (k < m->msg_iovlen && total + v[k].iov_len <= kFencedReceiveMax) total += v[k++].iov_len;
-        if (k == m->msg_iovlen) return ::recvmsg(f, m, MSG_DONTWAIT);
-        const size_t whole = v[k].iov_len;
-        v[k].iov_len = kFencedReceiveMax - total;
-        m->msg_iovlen = k + 1;
-        const ssize_t n = ::recvmsg(f, m, MSG_DONTWAIT);
-        const int err = errno;
-        v[k].iov_len = whole;
-        errno = err;
-        return n;
+        return RecvAtMost(f, m, kFencedReceiveMax);
       },
       "fenced receive (the peer abandoned the connection; nothing more is written)");
 }

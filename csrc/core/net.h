@@ -4,6 +4,7 @@
 // a blocked call.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -109,6 +110,10 @@ bool PeerAbandoned(int fd);
 // (docs/SECURITY.md, "No late writes").
 constexpr size_t kFencedReceiveMax = size_t{1} << 20;
 IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
+// One non-blocking recvmsg of at most `cap` bytes into m's iovecs: the entry
+// that crosses the cap is shortened for this call and restored after it, so
+// *m is as it was (errno is the call's).
+ssize_t RecvAtMost(int fd, msghdr* m, size_t cap);
 IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 // Reads and throws away n bytes (keeps a stream in sync after a rejected request).
 IoResult Discard(int fd, uint64_t n, const IoDeadline& deadline);

@@ -65,6 +65,39 @@ TEST(FencedReceiveTest, ReceivesIovecListsThatCrossTheCapInOrder) {
   EXPECT_EQ(got, payload);
 }
 
+TEST(FencedReceiveTest, OneReceiveTakesAtMostTheCapAndLeavesTheListAsItWas) {
+  Connection c = Loopback();
+  const std::vector<uint8_t> payload = Pattern(8192);
+  ASSERT_TRUE(WriteFull(c.sender.fd(), payload.data(), payload.size(), IoDeadline(DeadlineAfterMs(5000))).ok);
+  for (int i = 0; i < 200 && BytesReadable(c.receiver.fd()) < payload.size(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(BytesReadable(c.receiver.fd()), payload.size());
+  std::vector<uint8_t> got(8192, 0);
+  // Caps inside the second entry, at an entry's end, and past all entries.
+  std::vector<iovec> iov = Slices(got, {1000, 3000, 4192});
+  msghdr m{};
+  m.msg_iov = iov.data();
+  m.msg_iovlen = iov.size();
+  ASSERT_EQ(RecvAtMost(c.receiver.fd(), &m, 2500), 2500);
+  EXPECT_EQ(m.msg_iovlen, 3u);
+  EXPECT_EQ(iov[1].iov_len, 3000u);  // restored
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 2500, payload.begin()));
+  EXPECT_EQ(std::count(got.begin() + 2500, got.end(), 0), 8192 - 2500);
+  std::vector<iovec> rest = {{got.data() + 2500, 1500}, {got.data() + 4000, 4192}};
+  m.msg_iov = rest.data();
+  m.msg_iovlen = rest.size();
+  ASSERT_EQ(RecvAtMost(c.receiver.fd(), &m, 1500), 1500);  // the cap at an entry's end
+  EXPECT_EQ(m.msg_iovlen, 2u);
+  EXPECT_EQ(rest[1].iov_len, 4192u);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 4000, payload.begin()));
+  std::vector<iovec> last = {{got.data() + 4000, 4192}};
+  m.msg_iov = last.data();
+  m.msg_iovlen = 1;
+  ASSERT_EQ(RecvAtMost(c.receiver.fd(), &m, size_t{1} << 20), 4192);  // a cap past every entry
+  EXPECT_EQ(got, payload);
+}
+
 TEST(FencedReceiveTest, ReceivesNothingOnceThePeerResetTheConnection) {
   Connection c = Loopback();
   const std::vector<uint8_t> payload = Pattern(64 << 10);

@@ -243,11 +243,16 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
 
   // Segments: sorted and merged where contiguous, cut at the message limit
   // (or the chunk size), spread over the QPs by bytes.
-  std::vector<Segment> segs = op.segs->segs;  // a copy: the shared list stays as built for later attempts
-  if (!SortedByRemote(segs)) {
+  // Sorted into a copy where needed: the shared list stays as built for
+  // later attempts.
+  std::vector<Segment> segs;
+  if (SortedByRemote(op.segs->segs)) {
+    segs = MergeContiguous(op.segs->segs);
+  } else {
+    segs = op.segs->segs;
     std::sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
+    segs = MergeContiguous(segs);
   }
-  segs = MergeContiguous(segs);
   const uint64_t total = op.segs->total_bytes;
   if (total == 0) {
     op.status->Update(StatusCode::SUCCESS);
