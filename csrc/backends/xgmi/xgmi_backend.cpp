@@ -27,27 +27,28 @@ XgmiConfig XgmiConfig::FromMap(const BackendConfig& m) {
   return c;
 }
 
-// One transfer's completion, shared by the completion thread and the
-// status's progress hook (which may outlive the backend, so it holds only
-// this object).
+// The completion of the transfers enqueued together (one, or the pairs of
+// an engine-level batch on one GPU), shared by the completion thread and
+// their statuses' progress hooks (which may outlive the backend, so they
+// hold only this object).
 struct PendingCopy {
   std::mutex mu;
-  StatusPtr status;
+  std::vector<StatusPtr> statuses;
   gpu::Event event = nullptr;  // null once released
   int device = -1;
   bool done = false;
-  MemoryUse use;
+  std::vector<MemoryUse> uses;
 
-  // Checks the event; ends the status when the copies finished or failed.
+  // Checks the event; ends the statuses when the copies finished or failed.
   void Poll() {
     gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
     std::lock_guard<std::mutex> lk(mu);
     if (done || !event) return;
     try {
       if (gpu::QueryEvent(event) == 0) return;
-      status->Update(StatusCode::SUCCESS);
+      for (const StatusPtr& s : statuses) s->Update(StatusCode::SUCCESS);
     } catch (const Error& e) {
-      status->Update(StatusCode::ERR_GPU_OP, e.what());
+      for (const StatusPtr& s : statuses) s->Update(StatusCode::ERR_GPU_OP, e.what());
     }
     done = true;
   }
@@ -227,22 +228,24 @@ void XgmiBackend::FreeList(SegmentList& list, int device) {
   }
 }
 
-void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
-                                uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read) {
+void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
+                                size_t segments, uint64_t total) {
   const uint64_t piece = KernelPieceBytes(total, dc.resident_groups);
   // Few pieces travel in the launch parameters: no list upload at all.
-  if (segs.size() <= gpu::kInlineSegments) {
+  if (segments <= gpu::kInlineSegments) {
     gpu::CopySegment inl[gpu::kInlineSegments];
     uint32_t n = 0;
     bool fits = true;
-    for (const Segment& s : segs) {
-      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
-      for (uint64_t off = 0; off < s.size && fits; off += piece) {
-        if (n == gpu::kInlineSegments)
-          fits = false;
-        else
-          inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+    for (const CopySource& src : sources) {
+      for (const Segment& s : *src.segs) {
+        const uint64_t d = src.dst_base + (src.is_read ? s.local_off : s.remote_off);
+        const uint64_t r = src.src_base + (src.is_read ? s.remote_off : s.local_off);
+        for (uint64_t off = 0; off < s.size && fits; off += piece) {
+          if (n == gpu::kInlineSegments)
+            fits = false;
+          else
+            inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+        }
       }
     }
     if (fits) {
@@ -250,7 +253,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
       return;
     }
   }
-  std::unique_ptr<SegmentList> list = TakeList(dc, segs.size() + total / piece + 1);
+  std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
   // Chunks grow 4x from a small first one: the GPU starts after a few
   // microseconds of host work, and later chunks are built while it copies.
   constexpr size_t kFirstChunk = 1024;
@@ -269,17 +272,21 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
   try {
     // The device half may be rewritten once the kernels that last read it ran.
     gpu::StreamWaitEvent(lane.upload, list->consumed);
-    for (const Segment& s : segs) {
-      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
-      if (s.size <= piece) {
-        host[written++] = {d, r, s.size};
-      } else {
-        for (uint64_t off = 0; off < s.size; off += piece) {
-          host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+    for (const CopySource& src : sources) {
+      const uint64_t dst_base = src.dst_base, src_base = src.src_base;
+      const bool is_read = src.is_read;
+      for (const Segment& s : *src.segs) {
+        const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+        const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+        if (s.size <= piece) {
+          host[written++] = {d, r, s.size};
+        } else {
+          for (uint64_t off = 0; off < s.size; off += piece) {
+            host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+          }
         }
+        if (written - launched >= chunk) flush();
       }
-      if (written - launched >= chunk) flush();
     }
     if (written > launched) flush();
     gpu::RecordEvent(list->copied, lane.upload);
@@ -299,47 +306,86 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
 }
 
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
-  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
-  const StatusPtr status = op.status;
-  auto pending = std::make_shared<PendingCopy>();
-  pending->status = status;
-  pending->use = MemoryUse(op.local);
-  if (!pending->use) {
-    status->Update(StatusCode::ERR_NOT_FOUND,
-                   "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
-    return;
+  std::vector<Located> one;
+  one.push_back({std::move(op), remote_base});
+  RunOnDevice(std::move(one));
+}
+
+void XgmiBackend::SubmitGroup(std::vector<PeerOp> ops) {
+  // Each distinct peer's use lock is held (shared) from its addresses'
+  // lookup until the copies are enqueued, as XgmiPeer::Submit does for one.
+  std::vector<std::pair<XgmiPeer*, std::shared_lock<std::shared_mutex>>> locks;
+  std::vector<std::vector<Located>> by_device;  // transfers grouped by local GPU, in order
+  for (PeerOp& p : ops) {
+    auto* peer = static_cast<XgmiPeer*>(p.peer.get());
+    if (std::none_of(locks.begin(), locks.end(), [&](const auto& l) { return l.first == peer; })) {
+      locks.emplace_back(peer, peer->UseLock());
+    }
+    uint64_t base = 0;
+    if (!peer->RemoteAddress(p.op, &base)) continue;  // its status ended
+    const int dev = p.op.local->desc.device_id;
+    auto g = std::find_if(by_device.begin(), by_device.end(),
+                          [&](const std::vector<Located>& v) { return v.front().op.local->desc.device_id == dev; });
+    if (g == by_device.end()) g = by_device.insert(by_device.end(), std::vector<Located>());
+    g->push_back({std::move(p.op), base});
   }
-  const int dev = op.local->desc.device_id;
+  for (std::vector<Located>& group : by_device) RunOnDevice(std::move(group));
+}
+
+void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
+  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
+  auto pending = std::make_shared<PendingCopy>();
+  std::vector<std::vector<Segment>> merged(ops.size());  // where merging changed a list
+  std::vector<CopySource> sources;
+  sources.reserve(ops.size());
+  size_t segments = 0;
+  uint64_t total = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    TransferOp& op = ops[i].op;
+    MemoryUse use = MemoryUse(op.local);
+    if (!use) {
+      op.status->Update(StatusCode::ERR_NOT_FOUND,
+                        "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
+      continue;
+    }
+    pending->statuses.push_back(op.status);
+    pending->uses.push_back(std::move(use));
+    const std::vector<Segment>& segs = MergedView(*op.segs, &merged[i]);
+    const uint64_t local_base = op.local->desc.data;
+    sources.push_back({&segs, op.is_read ? local_base : ops[i].remote_base,
+                       op.is_read ? ops[i].remote_base : local_base, op.is_read});
+    segments += segs.size();
+    total += op.segs->total_bytes;
+  }
+  if (pending->statuses.empty()) return;
+  const int dev = ops.front().op.local->desc.device_id;
   pending->device = dev;
-  std::vector<Segment> merged;
-  const std::vector<Segment>& segs = MergedView(*op.segs, &merged);
-  const uint64_t total = op.segs->total_bytes;
-  const uint64_t local_base = op.local->desc.data;
-  const uint64_t dst_base = op.is_read ? local_base : remote_base;
-  const uint64_t src_base = op.is_read ? remote_base : local_base;
   try {
     DeviceContext& dc = Device(dev);
     DeviceContext::Lane& lane = *dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()];
     std::lock_guard<std::mutex> lk(lane.mu);
     gpu::SetDevice(dev);
-    const bool use_kernel = !segs.empty() && segs.size() >= static_cast<size_t>(cfg_.kernel_min_segments) &&
-                            total / segs.size() < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+    const bool use_kernel = segments > 0 && segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
+                            total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
     if (use_kernel) {
-      EnqueueKernel(dc, lane, segs, total, dst_base, src_base, op.is_read);
+      EnqueueKernel(dc, lane, sources, segments, total);
     } else {
-      for (const auto& s : segs) {
-        gpu::CopyAsync(dst_base + (op.is_read ? s.local_off : s.remote_off),
-                       src_base + (op.is_read ? s.remote_off : s.local_off), s.size, lane.stream);
+      for (const CopySource& src : sources) {
+        for (const Segment& s : *src.segs) {
+          gpu::CopyAsync(src.dst_base + (src.is_read ? s.local_off : s.remote_off),
+                         src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size, lane.stream);
+        }
       }
     }
     pending->event = TakeEvent(dev);
     gpu::RecordEvent(pending->event, lane.stream);
   } catch (const Error& e) {
     if (pending->event) ReturnEvent(pending->event, dev);
-    status->Update(e.code() == StatusCode::ERR_INVALID_ARGS ? e.code() : StatusCode::ERR_GPU_OP, e.what());
+    const StatusCode code = e.code() == StatusCode::ERR_INVALID_ARGS ? e.code() : StatusCode::ERR_GPU_OP;
+    for (const StatusPtr& s : pending->statuses) s->Update(code, e.what());
     return;
   }
-  status->SetProgressHook([pending] { pending->Poll(); });
+  for (const StatusPtr& s : pending->statuses) s->SetProgressHook([pending] { pending->Poll(); });
   bool wake;
   {
     std::lock_guard<std::mutex> lk(pending_mu_);
@@ -362,7 +408,7 @@ size_t XgmiBackend::Reap() {
     if (p->done) {
       ReturnEvent(p->event, p->device);
       p->event = nullptr;
-      p->use.reset();
+      p->uses.clear();
     } else {
       still.push_back(std::move(p));
     }
@@ -427,10 +473,14 @@ void XgmiBackend::Shutdown() {
   for (auto& p : pending_) {
     p->Poll();
     std::lock_guard<std::mutex> pk(p->mu);
-    if (!p->done) p->status->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
+    if (!p->done) {
+      for (const StatusPtr& s : p->statuses) {
+        s->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
+      }
+    }
     p->done = true;
     p->event = nullptr;  // destroyed with the pools below
-    p->use.reset();
+    p->uses.clear();
   }
   pending_.clear();
   for (auto& p : peers_.TakeAll()) p->Close();
@@ -590,15 +640,13 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
   return found(it->second);
 }
 
-void XgmiPeer::Submit(TransferOp op) {
+bool XgmiPeer::RemoteAddress(TransferOp& op, uint64_t* base) {
   if (closed_.load() || backend_->shut_down()) {
     op.status->Update(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
-    return;
+    return false;
   }
-  std::shared_lock<std::shared_mutex> use(use_mu_);
-  uint64_t base;
   try {
-    base = RemoteBase(op.remote, op.local->desc.device_id, false);
+    *base = RemoteBase(op.remote, op.local->desc.device_id, false);
   } catch (const Error& e) {
     const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
     // Memory that is gone fails the transfer; a mapping that could not be
@@ -607,9 +655,15 @@ void XgmiPeer::Submit(TransferOp op) {
         gone ? e.code() : StatusCode::ERR_GPU_OP,
         "mapping memory " + std::to_string(op.remote.id) + " of engine '" + remote_.key + "': " + e.what(),
         /*path_failed=*/!gone);
-    return;
+    return false;
   }
-  backend_->Run(std::move(op), base);
+  return true;
+}
+
+void XgmiPeer::Submit(TransferOp op) {
+  std::shared_lock<std::shared_mutex> use = UseLock();
+  uint64_t base = 0;
+  if (RemoteAddress(op, &base)) backend_->Run(std::move(op), base);
 }
 
 }  // namespace xgmi
