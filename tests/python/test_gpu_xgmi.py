@@ -378,13 +378,15 @@ def _pair_layouts(region, seg, seed):
     return out
 
 
+@pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS], ids=["default", "kernel", "copy-engines"])
 @pytest.mark.parametrize("op", ["read", "write"])
-def test_engine_batch_of_pairs(op):
+def test_engine_batch_of_pairs(op, cfg):
     """The engine-level multi-pair batch (SGLang's): pairs to two remote
     engines, pages and a large segment mixed, local memories on every GPU
-    (the pairs on one GPU run as one segment list). Every pair's bytes land;
-    a pair with a bad offset or a deregistered remote memory fails alone."""
-    a, b, c = xgmi_engine("gba"), xgmi_engine("gbb"), xgmi_engine("gbc")
+    (the pairs on one GPU that the kernel takes share one segment list; the
+    others go alone). Every pair's bytes land; a pair with a bad offset or a
+    deregistered remote memory fails alone."""
+    a, b, c = xgmi_engine("gba", **cfg), xgmi_engine("gbb", **cfg), xgmi_engine("gbc", **cfg)
     for e in (b, c):
         a.register_remote_engine(e.get_engine_desc())
     seg, region = 4096, 4 << 20
@@ -537,6 +539,7 @@ def test_engine_batch_of_pairs_from_another_process(gpu_remote):
         wait_ok(s)
     conn.send(("pages", pages))
     assert bytes(l1[:200 * 4096].cpu().numpy()) == conn.recv()
+    assert int(l1[200 * 4096:].count_nonzero()) == 0
     assert bytes(l2.cpu().numpy()) == view_bytes
     a.shutdown()
 

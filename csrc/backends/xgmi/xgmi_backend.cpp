@@ -312,77 +312,134 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
 }
 
 void XgmiBackend::SubmitGroup(std::vector<PeerOp> ops) {
-  // Each distinct peer's use lock is held (shared) from its addresses'
-  // lookup until the copies are enqueued, as XgmiPeer::Submit does for one.
-  std::vector<std::pair<XgmiPeer*, std::shared_lock<std::shared_mutex>>> locks;
-  std::vector<std::vector<Located>> by_device;  // transfers grouped by local GPU, in order
+  // First each memory is mapped (a watch round trip and an IPC open on its
+  // first use) under its own peer's lock only, as Submit does: a slow owner
+  // never holds up another owner's revocation.
+  std::vector<PeerOp*> mapped;
   for (PeerOp& p : ops) {
     auto* peer = static_cast<XgmiPeer*>(p.peer.get());
-    if (std::none_of(locks.begin(), locks.end(), [&](const auto& l) { return l.first == peer; })) {
-      locks.emplace_back(peer, peer->UseLock());
-    }
+    std::shared_lock<std::shared_mutex> use = peer->UseLock();
     uint64_t base = 0;
-    if (!peer->RemoteAddress(p.op, &base)) continue;  // its status ended
-    const int dev = p.op.local->desc.device_id;
+    if (peer->RemoteAddress(p.op, &base)) mapped.push_back(&p);  // else its status ended
+  }
+  // Then every distinct peer's lock, in address order (no two groups wait
+  // on each other), from the addresses' lookup until the copies are
+  // enqueued: a revocation in between fails its transfers here.
+  std::vector<XgmiPeer*> peers;
+  for (PeerOp* p : mapped) peers.push_back(static_cast<XgmiPeer*>(p->peer.get()));
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  locks.reserve(peers.size());
+  for (XgmiPeer* peer : peers) locks.push_back(peer->UseLock());
+  std::vector<std::vector<Located>> by_device;  // in order of first appearance
+  for (PeerOp* p : mapped) {
+    uint64_t base = 0;
+    if (!static_cast<XgmiPeer*>(p->peer.get())->RemoteAddress(p->op, &base, /*lookup_only=*/true)) continue;
+    const int dev = p->op.local->desc.device_id;
     auto g = std::find_if(by_device.begin(), by_device.end(),
                           [&](const std::vector<Located>& v) { return v.front().op.local->desc.device_id == dev; });
     if (g == by_device.end()) g = by_device.insert(by_device.end(), std::vector<Located>());
-    g->push_back({std::move(p.op), base});
+    g->push_back({std::move(p->op), base});
   }
   for (std::vector<Located>& group : by_device) RunOnDevice(std::move(group));
 }
 
+bool XgmiBackend::KernelSuits(size_t segments, uint64_t total) const {
+  return segments > 0 && segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
+         total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+}
+
 void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
-  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
-  auto pending = std::make_shared<PendingCopy>();
+  gpu::RelaxedCaptureScope relaxed;                      // lane setup allocates: never break a capture elsewhere
   std::vector<std::vector<Segment>> merged(ops.size());  // where merging changed a list
-  std::vector<CopySource> sources;
-  sources.reserve(ops.size());
-  size_t segments = 0;
-  uint64_t total = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    TransferOp& op = ops[i].op;
-    MemoryUse use = MemoryUse(op.local);
-    if (!use) {
-      op.status->Update(StatusCode::ERR_NOT_FOUND,
-                        "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
-      continue;
-    }
-    pending->statuses.push_back(op.status);
-    pending->uses.push_back(std::move(use));
-    const std::vector<Segment>& segs = MergedView(*op.segs, &merged[i]);
-    const uint64_t local_base = op.local->desc.data;
-    sources.push_back({&segs, op.is_read ? local_base : ops[i].remote_base,
-                       op.is_read ? ops[i].remote_base : local_base, op.is_read});
-    segments += segs.size();
-    total += op.segs->total_bytes;
-  }
-  if (pending->statuses.empty()) return;
-  const int dev = ops.front().op.local->desc.device_id;
-  pending->device = dev;
+  std::vector<Prepared> kernel_batch;                    // the transfers that share one kernel
+  size_t handed = 0;                                     // ops[0, handed) belong to an Enqueue now
   try {
+    for (; handed < ops.size(); ++handed) {
+      TransferOp& op = ops[handed].op;
+      MemoryUse use = MemoryUse(op.local);
+      if (!use) {
+        op.status->Update(StatusCode::ERR_NOT_FOUND,
+                          "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
+        continue;
+      }
+      const std::vector<Segment>& segs = MergedView(*op.segs, &merged[handed]);
+      const uint64_t local_base = op.local->desc.data, remote_base = ops[handed].remote_base;
+      Prepared p{op.status,
+                 std::move(use),
+                 {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read},
+                 op.segs->total_bytes};
+      // The kernel takes the transfers it would take one by one, together;
+      // the others (few or large segments: the copy engines) each go alone.
+      if (ops.size() > 1 && KernelSuits(segs.size(), op.segs->total_bytes)) {
+        kernel_batch.push_back(std::move(p));
+      } else {
+        std::vector<Prepared> alone;
+        alone.push_back(std::move(p));
+        Enqueue(op.local->desc.device_id, std::move(alone));
+      }
+    }
+    if (!kernel_batch.empty()) Enqueue(ops.front().op.local->desc.device_id, std::move(kernel_batch));
+  } catch (const std::exception& e) {
+    // Before Enqueue (which ends its own transfers on any failure): memory.
+    // Every transfer not handed to an Enqueue yet ends here.
+    for (Prepared& p : kernel_batch) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
+    for (size_t i = handed; i < ops.size(); ++i) {
+      ops[i].op.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
+    }
+  }
+}
+
+void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
+  auto pending = std::make_shared<PendingCopy>();
+  pending->device = dev;
+  DeviceContext::Lane* lane = nullptr;
+  try {
+    std::vector<CopySource> sources;
+    sources.reserve(batch.size());
+    size_t segments = 0;
+    uint64_t total = 0;
+    for (Prepared& p : batch) {
+      pending->statuses.push_back(p.status);
+      pending->uses.push_back(std::move(p.use));
+      sources.push_back(p.source);
+      segments += p.source.segs->size();
+      total += p.bytes;
+    }
     DeviceContext& dc = Device(dev);
-    DeviceContext::Lane& lane = *dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()];
-    std::lock_guard<std::mutex> lk(lane.mu);
+    lane = dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()].get();
+    std::lock_guard<std::mutex> lk(lane->mu);
     gpu::SetDevice(dev);
-    const bool use_kernel = segments > 0 && segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
-                            total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
-    if (use_kernel) {
-      EnqueueKernel(dc, lane, sources, segments, total);
+    if (KernelSuits(segments, total)) {
+      EnqueueKernel(dc, *lane, sources, segments, total);
     } else {
       for (const CopySource& src : sources) {
         for (const Segment& s : *src.segs) {
           gpu::CopyAsync(src.dst_base + (src.is_read ? s.local_off : s.remote_off),
-                         src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size, lane.stream);
+                         src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size, lane->stream);
         }
       }
     }
     pending->event = TakeEvent(dev);
-    gpu::RecordEvent(pending->event, lane.stream);
-  } catch (const Error& e) {
+    gpu::RecordEvent(pending->event, lane->stream);
+  } catch (const std::exception& e) {
     if (pending->event) ReturnEvent(pending->event, dev);
-    const StatusCode code = e.code() == StatusCode::ERR_INVALID_ARGS ? e.code() : StatusCode::ERR_GPU_OP;
-    for (const StatusPtr& s : pending->statuses) s->Update(code, e.what());
+    // Copies enqueued before the failure may still run: they finish before
+    // the statuses end and the local memory is let go.
+    if (lane != nullptr) {
+      try {
+        gpu::SynchronizeStream(lane->stream);
+      } catch (const Error&) {
+      }
+    }
+    const auto* err = dynamic_cast<const Error*>(&e);
+    const StatusCode code =
+        err != nullptr && err->code() == StatusCode::ERR_INVALID_ARGS ? err->code() : StatusCode::ERR_GPU_OP;
+    const std::string msg = batch.size() > 1 ? "XGMI batch of " + std::to_string(batch.size()) + " transfers on GPU " +
+                                                   std::to_string(dev) + ": " + e.what()
+                                             : std::string(e.what());
+    for (const Prepared& p : batch) p.status->Update(code, msg);
     return;
   }
   for (const StatusPtr& s : pending->statuses) s->SetProgressHook([pending] { pending->Poll(); });
@@ -596,7 +653,7 @@ void MaybeInjectIpcOpenFailure() {
 
 }  // namespace
 
-uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream) {
+uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream, bool lookup_only) {
   auto revoked = [&] {
     return Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
                                                 "' was deregistered by its owner");
@@ -615,6 +672,10 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
     if (revoked_.count(d.id)) throw revoked();
     auto it = mapped_.find(d.id);
     if (it != mapped_.end()) return found(it->second);
+    if (lookup_only) {
+      throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                 "' was unmapped while the transfer was submitted");
+    }
   }
   // First use of this memory: become a watcher (one control round trip, which
   // also checks the descriptor against the owner's registration), then map.
@@ -640,13 +701,13 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
   return found(it->second);
 }
 
-bool XgmiPeer::RemoteAddress(TransferOp& op, uint64_t* base) {
+bool XgmiPeer::RemoteAddress(TransferOp& op, uint64_t* base, bool lookup_only) {
   if (closed_.load() || backend_->shut_down()) {
     op.status->Update(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
     return false;
   }
   try {
-    *base = RemoteBase(op.remote, op.local->desc.device_id, false);
+    *base = RemoteBase(op.remote, op.local->desc.device_id, false, lookup_only);
   } catch (const Error& e) {
     const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
     // Memory that is gone fails the transfer; a mapping that could not be

@@ -89,8 +89,9 @@ class XgmiPeer : public BackendPeer {
   // are enqueued: revocation takes it exclusively.
   std::shared_lock<std::shared_mutex> UseLock() { return std::shared_lock<std::shared_mutex>(use_mu_); }
   // op's remote memory as mapped here, in *base; false with op.status ended
-  // when the peer is closed or the memory cannot be mapped.
-  bool RemoteAddress(TransferOp& op, uint64_t* base);
+  // when the peer is closed or the memory cannot be mapped. `lookup_only`:
+  // only a mapping made before counts (no watch, no IPC open).
+  bool RemoteAddress(TransferOp& op, uint64_t* base, bool lookup_only = false);
   bool Alive() const override { return !closed_.load(); }
   void Close();
   // The owner deregistered `ids`: see the file comment.
@@ -110,7 +111,7 @@ class XgmiPeer : public BackendPeer {
   // work on a caller's stream (maybe a CUDA graph), which this backend cannot
   // wait for, so the mapping then stays open until the peer closes. Callers
   // hold use_mu_ shared until the copies are enqueued.
-  uint64_t RemoteBase(const MemoryDesc& d, int local_device, bool on_stream);
+  uint64_t RemoteBase(const MemoryDesc& d, int local_device, bool on_stream, bool lookup_only = false);
 
   XgmiBackend* backend_;
   const EngineDesc remote_;
@@ -169,9 +170,9 @@ class XgmiBackend : public Backend {
     TransferOp op;
     uint64_t remote_base = 0;
   };
-  // Runs the copies of transfers whose local memory is on one GPU as one
-  // batch (kernel or copy engines, chosen for the whole) and tracks their
-  // completion together.
+  // Runs transfers whose local memory is on one GPU: those the copy kernel
+  // would take one by one share one kernel (one segment list, one
+  // completion); the others go alone, as Run does. Every status ends.
   void RunOnDevice(std::vector<Located> ops);
   // Largest piece one thread group of the copy kernel takes: segments are
   // cut so that a batch of few large segments still fills the device.
@@ -189,6 +190,19 @@ class XgmiBackend : public Backend {
     uint64_t src_base;
     bool is_read;
   };
+  // A transfer ready to enqueue: its local memory held, its segments placed.
+  struct Prepared {
+    StatusPtr status;
+    MemoryUse use;
+    CopySource source;
+    uint64_t bytes;
+  };
+  // The kernel (rather than the copy engines) for this many segments and bytes.
+  bool KernelSuits(size_t segments, uint64_t total) const;
+  // Enqueues `batch` on one lane of GPU `dev` (kernel or copy engines, chosen
+  // for the whole) and tracks its completion; on any failure ends every
+  // status of the batch, after the copies already enqueued ran.
+  void Enqueue(int dev, std::vector<Prepared> batch);
   // Enqueues the copy kernel(s) for the sources' `segments` segments
   // (`total` bytes, none empty) on `lane`.
   void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
