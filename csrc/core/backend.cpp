@@ -8,6 +8,10 @@ void BackendPeer::LaunchOnStream(const LocalMemory&, const MemoryDesc&, gpu::Str
   throw Error(StatusCode::ERR_BAD_STATE, "this backend cannot launch transfers on a GPU stream");
 }
 
+void Backend::SubmitGroup(std::vector<PeerOp> ops) {
+  for (PeerOp& p : ops) p.peer->Submit(std::move(p.op));
+}
+
 void AttachRecord(TransferOp& op, const std::shared_ptr<TransferCounters>& counters) {
   TransferRecord r;
   r.trace_range = gpu::TraceRangeStart(op.is_read ? "mori.read" : "mori.write");

@@ -108,6 +108,13 @@ class BackendPeer {
   virtual void CheckStreamWait(const MemoryDesc& /*remote*/) const {}
 };
 
+// One transfer of a group handed to its backend at once, with the peer that
+// serves it.
+struct PeerOp {
+  std::shared_ptr<BackendPeer> peer;
+  TransferOp op;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -115,6 +122,11 @@ class Backend {
   virtual bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const = 0;
   // Returns the cached peer for `remote`, creating it on first use.
   virtual std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) = 0;
+  // Several transfers from one call (the engine-level multi-pair batch), each
+  // on a peer of this backend. A backend may coalesce them (XGMI: one segment
+  // list and one kernel for the pairs on one GPU); by default each goes to
+  // its peer's Submit, in order. Every op's status ends, as with Submit.
+  virtual void SubmitGroup(std::vector<PeerOp> ops);
   // Drops the peer: its in-flight transfers end with an error whose
   // message carries `reason` (why the engine dropped it).
   virtual void RemovePeer(const std::string& key, const std::string& reason) = 0;

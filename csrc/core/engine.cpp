@@ -366,14 +366,13 @@ StatusCode Engine::PickPath(const MemoryDesc& local, const MemoryDesc& remote, T
   return StatusCode::ERR_BAD_STATE;
 }
 
-StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
-                         Int64Span remote_offsets, Int64Span sizes, TransferUid uid) {
+StatusPtr Engine::Prepare(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
+                          Int64Span remote_offsets, Int64Span sizes, TransferUid uid, TransferOp* op,
+                          TransferPath* path) {
   auto status = MakeStatus();
-  TransferOp op;
   std::string msg;
   auto segs = std::make_shared<SegmentBatch>();
   StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local, remote, segs.get(), &msg);
-  op.segs = std::move(segs);
   Route route;
   if (c == StatusCode::SUCCESS) c = Resolve(local, remote, &route, &msg);
   if (c != StatusCode::SUCCESS) {
@@ -381,13 +380,23 @@ StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc
     status->Update(c, msg);
     return status;
   }
-  op.is_read = is_read;
-  op.local = std::move(route.local);
-  op.remote = remote;
-  op.uid = uid;
-  op.status = status;
-  AttachRecord(op, route.path.counters);
-  driver_->Submit(std::move(op), std::move(route.path));
+  op->segs = std::move(segs);
+  op->is_read = is_read;
+  op->local = std::move(route.local);
+  op->remote = remote;
+  op->uid = uid;
+  op->status = status;
+  AttachRecord(*op, route.path.counters);
+  *path = std::move(route.path);
+  return status;
+}
+
+StatusPtr Engine::Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
+                         Int64Span remote_offsets, Int64Span sizes, TransferUid uid) {
+  TransferOp op;
+  TransferPath path;
+  StatusPtr status = Prepare(is_read, local, remote, local_offsets, remote_offsets, sizes, uid, &op, &path);
+  if (op.status) driver_->Submit(std::move(op), std::move(path));
   return status;
 }
 
@@ -421,10 +430,18 @@ std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<Mem
     }
     return out;
   }
+  // Every pair checked and routed first, then the routed ones go out
+  // together: a backend may coalesce them (Backend::SubmitGroup).
+  std::vector<std::pair<TransferOp, TransferPath>> routed;
+  routed.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    out.push_back(Submit(is_read, locals[i], remotes[i], local_offsets[i], remote_offsets[i], sizes[i],
-                         static_cast<TransferUid>(uids[i])));
+    TransferOp op;
+    TransferPath path;
+    out.push_back(Prepare(is_read, locals[i], remotes[i], local_offsets[i], remote_offsets[i], sizes[i],
+                          static_cast<TransferUid>(uids[i]), &op, &path));
+    if (op.status) routed.emplace_back(std::move(op), std::move(path));
   }
+  if (!routed.empty()) driver_->SubmitGroup(std::move(routed));
   return out;
 }
 

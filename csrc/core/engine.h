@@ -131,6 +131,11 @@ class Engine : public ControlPlaneDelegate {
   StatusCode PickPath(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg);
   StatusPtr Submit(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
                    Int64Span remote_offsets, Int64Span sizes, TransferUid uid);
+  // Checks and routes one transfer: its status, ended already when the
+  // arguments or the route are bad (then *op is left empty); else *op and
+  // *path are ready for the retry driver.
+  StatusPtr Prepare(bool is_read, const MemoryDesc& local, const MemoryDesc& remote, Int64Span local_offsets,
+                    Int64Span remote_offsets, Int64Span sizes, TransferUid uid, TransferOp* op, TransferPath* path);
   std::shared_ptr<Backend> BackendOf(BackendType type) const;
   // Calls fn for each backend that exists, fastest first (no lock held).
   void ForEachBackend(const std::function<void(Backend&)>& fn) const;

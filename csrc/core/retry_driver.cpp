@@ -42,8 +42,8 @@ void RetryDriver::Shutdown() {
 
 RetryStats RetryDriver::Stats() const { return {retries_.load(), recovered_.load(), exhausted_.load()}; }
 
-void RetryDriver::Submit(TransferOp op, TransferPath path) {
-  if (!policy_.enabled || policy_.max_attempts <= 1) return path.peer->Submit(std::move(op));
+void RetryDriver::Track(const TransferOp& op, TransferPath& path) {
+  if (!policy_.enabled || policy_.max_attempts <= 1) return;
   auto t = std::make_shared<Transfer>();
   t->driver = weak_from_this();
   t->op = op;  // kept for the retries (the backend takes `op`; the segment list is shared, not copied)
@@ -56,7 +56,23 @@ void RetryDriver::Submit(TransferOp op, TransferPath path) {
   t->deadline = DeadlineAfterMs(bound);
   t->next_backoff_ms = policy_.backoff_ms;
   Arm(t);
+}
+
+void RetryDriver::Submit(TransferOp op, TransferPath path) {
+  Track(op, path);
   path.peer->Submit(std::move(op));
+}
+
+void RetryDriver::SubmitGroup(std::vector<std::pair<TransferOp, TransferPath>> ops) {
+  // One group per backend, in the order the backends first appear.
+  std::vector<std::pair<std::shared_ptr<Backend>, std::vector<PeerOp>>> groups;
+  for (auto& [op, path] : ops) {
+    Track(op, path);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == path.backend; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {path.backend, {}});
+    g->second.push_back({std::move(path.peer), std::move(op)});
+  }
+  for (auto& [backend, group] : groups) backend->SubmitGroup(std::move(group));
 }
 
 void RetryDriver::Arm(const std::shared_ptr<Transfer>& t) {

@@ -61,6 +61,9 @@ class RetryDriver : public std::enable_shared_from_this<RetryDriver> {
 
   // Submits op's first attempt on `path`; retries go where the router says.
   void Submit(TransferOp op, TransferPath path);
+  // The first attempts of several transfers from one call: those on the same
+  // backend reach it together (Backend::SubmitGroup); retries go one by one.
+  void SubmitGroup(std::vector<std::pair<TransferOp, TransferPath>> ops);
   // Where a transfer of the pair goes now (the router's answer).
   StatusCode Route(const MemoryDesc& local, const MemoryDesc& remote, TransferPath* path, std::string* msg) const;
   // Ends retrying: pending retries end with an error, later path failures
@@ -73,6 +76,9 @@ class RetryDriver : public std::enable_shared_from_this<RetryDriver> {
 
  private:
   struct Transfer;
+  // Keeps op (sharing its segments) for retries on other paths and hooks its
+  // status, unless retrying is off; the first attempt is the caller's to send.
+  void Track(const TransferOp& op, TransferPath& path);
   // The status's outcome hook for the current attempt of `t`.
   static void Arm(const std::shared_ptr<Transfer>& t);
   bool OnOutcome(const std::shared_ptr<Transfer>& t, StatusCode code, std::string* msg, bool path_failed);

@@ -362,6 +362,80 @@ def test_kernel_and_copy_engine_batches_interleaved(where):
     b.shutdown()
 
 
+def _pair_layouts(region, seg, seed):
+    """Offsets of one pair per layout, inside [0, region): shuffled pages,
+    one large segment, a few pages, one page."""
+    rnd = random.Random(seed)
+    pages = region // seg
+    out = []
+    for count in (300, 0, 17, 1):
+        if count == 0:
+            out.append(([0], [seg], [region // 2]))
+            continue
+        lp = rnd.sample(range(pages), count)
+        rp = rnd.sample(range(pages), count)
+        out.append(([p * seg for p in lp], [p * seg for p in rp], [seg] * count))
+    return out
+
+
+@pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS], ids=["default", "kernel", "copy-engines"])
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_engine_batch_of_pairs(op, cfg):
+    """The engine-level multi-pair batch (SGLang's): pairs to two remote
+    engines, pages and a large segment mixed, local memories on every GPU
+    (the pairs on one GPU that the kernel takes share one segment list; the
+    others go alone). Every pair's bytes land; a pair with a bad offset or a
+    deregistered remote memory fails alone."""
+    a, b, c = xgmi_engine("gba", **cfg), xgmi_engine("gbb", **cfg), xgmi_engine("gbc", **cfg)
+    for e in (b, c):
+        a.register_remote_engine(e.get_engine_desc())
+    seg, region = 4096, 4 << 20
+    devs = [0, 1] if TWO_GPUS else [0]
+    owners = [b, c]
+    layouts = _pair_layouts(region, seg, seed=3)
+    pairs = []  # (local tensor, local desc, remote tensor, remote desc, (lo, ro, sz))
+    for k in range(8):
+        dev = devs[k % len(devs)]
+        owner = owners[k % 2]
+        remote_dev = devs[(k // 2) % len(devs)]
+        local = rand_bytes(region, f"cuda:{dev}", 100 + k) if op == "write" else torch.zeros(
+            region, dtype=torch.uint8, device=f"cuda:{dev}")
+        remote = rand_bytes(region, f"cuda:{remote_dev}", 200 + k) if op == "read" else torch.zeros(
+            region, dtype=torch.uint8, device=f"cuda:{remote_dev}")
+        rd = MemoryDesc.unpack(owner.register_torch_tensor(remote).pack())
+        pairs.append((local, a.register_torch_tensor(local), remote, rd, layouts[k % len(layouts)]))
+    # Two pairs that fail on their own: an offset past the end, and remote
+    # memory its owner deregistered (after we mapped it).
+    bad_local = torch.zeros(region, dtype=torch.uint8, device="cuda:0")
+    bad_ld = a.register_torch_tensor(bad_local)
+    gone = torch.zeros(region, dtype=torch.uint8, device="cuda:0")
+    gone_rd = MemoryDesc.unpack(c.register_torch_tensor(gone).pack())
+    wait_ok(a.read(bad_ld, 0, gone_rd, 0, seg, a.allocate_transfer_uid()))
+    c.deregister_memory(gone_rd)
+    torch.cuda.synchronize()
+    lds = [p[1] for p in pairs] + [bad_ld, bad_ld]
+    rds = [p[3] for p in pairs] + [pairs[0][3], gone_rd]
+    los = [p[4][0] for p in pairs] + [[0], [0]]
+    ros = [p[4][1] for p in pairs] + [[region - seg + 1], [0]]
+    szs = [p[4][2] for p in pairs] + [[seg], [seg]]
+    statuses = getattr(a, f"batch_{op}")(lds, los, rds, ros, szs, [a.allocate_transfer_uid() for _ in lds])
+    for st in statuses[:len(pairs)]:
+        wait_ok(st)
+    assert statuses[-2].WaitFor(10000) == StatusCode.ERR_INVALID_ARGS, statuses[-2].Message()
+    assert statuses[-1].WaitFor(10000) == StatusCode.ERR_NOT_FOUND, statuses[-1].Message()
+    torch.cuda.synchronize()
+    for local, _, remote, _, (lo, ro, sz) in pairs:
+        src, dst = (remote.cpu(), local.cpu()) if op == "read" else (local.cpu(), remote.cpu())
+        s_offs, d_offs = (ro, lo) if op == "read" else (lo, ro)
+        expect = torch.zeros_like(dst)
+        for so, do, n in zip(s_offs, d_offs, sz):
+            expect[do:do + n] = src[so:so + n]
+        assert torch.equal(dst, expect)
+    assert int(bad_local.count_nonzero()) == 0
+    for e in (a, b, c):
+        e.shutdown()
+
+
 # ---------------------------------------------------------------------------
 # Across processes: the target lives in another process on another GPU.
 
@@ -444,6 +518,29 @@ def test_view_at_offset_read_from_another_process(gpu_remote):
     # it, every call raises, so this is where they can be counted).
     a.deregister_remote_engine(edesc)
     assert a.mapped_remote_memories() == 0
+    a.shutdown()
+
+
+def test_engine_batch_of_pairs_from_another_process(gpu_remote):
+    """The engine-level batch with the remote memories in another process
+    (mapped through their IPC handles): pages of the whole allocation and
+    the view, in one call."""
+    conn, edesc, whole, view, view_bytes = gpu_remote
+    a = xgmi_engine("gbx")
+    a.register_remote_engine(edesc)
+    l1 = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    l2 = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    d1, d2 = a.register_torch_tensor(l1), a.register_torch_tensor(l2)
+    pages = random.Random(2).sample(range((128 << 20) // 4096), 200)
+    st = a.batch_read([d1, d2], [[i * 4096 for i in range(200)], [0, 4096 * 3]], [whole, view],
+                      [[p * 4096 for p in pages], [0, 4096 * 3]], [[4096] * 200, [4096 * 3, (1 << 20) - 4096 * 3]],
+                      [a.allocate_transfer_uid(), a.allocate_transfer_uid()])
+    for s in st:
+        wait_ok(s)
+    conn.send(("pages", pages))
+    assert bytes(l1[:200 * 4096].cpu().numpy()) == conn.recv()
+    assert int(l1[200 * 4096:].count_nonzero()) == 0
+    assert bytes(l2.cpu().numpy()) == view_bytes
     a.shutdown()
 
 

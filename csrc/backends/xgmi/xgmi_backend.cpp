@@ -27,27 +27,28 @@ XgmiConfig XgmiConfig::FromMap(const BackendConfig& m) {
   return c;
 }
 
-// One transfer's completion, shared by the completion thread and the
-// status's progress hook (which may outlive the backend, so it holds only
-// this object).
+// The completion of the transfers enqueued together (one, or the pairs of
+// an engine-level batch on one GPU), shared by the completion thread and
+// their statuses' progress hooks (which may outlive the backend, so they
+// hold only this object).
 struct PendingCopy {
   std::mutex mu;
-  StatusPtr status;
+  std::vector<StatusPtr> statuses;
   gpu::Event event = nullptr;  // null once released
   int device = -1;
   bool done = false;
-  MemoryUse use;
+  std::vector<MemoryUse> uses;
 
-  // Checks the event; ends the status when the copies finished or failed.
+  // Checks the event; ends the statuses when the copies finished or failed.
   void Poll() {
     gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
     std::lock_guard<std::mutex> lk(mu);
     if (done || !event) return;
     try {
       if (gpu::QueryEvent(event) == 0) return;
-      status->Update(StatusCode::SUCCESS);
+      for (const StatusPtr& s : statuses) s->Update(StatusCode::SUCCESS);
     } catch (const Error& e) {
-      status->Update(StatusCode::ERR_GPU_OP, e.what());
+      for (const StatusPtr& s : statuses) s->Update(StatusCode::ERR_GPU_OP, e.what());
     }
     done = true;
   }
@@ -227,22 +228,24 @@ void XgmiBackend::FreeList(SegmentList& list, int device) {
   }
 }
 
-void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs,
-                                uint64_t total, uint64_t dst_base, uint64_t src_base, bool is_read) {
+void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
+                                size_t segments, uint64_t total) {
   const uint64_t piece = KernelPieceBytes(total, dc.resident_groups);
   // Few pieces travel in the launch parameters: no list upload at all.
-  if (segs.size() <= gpu::kInlineSegments) {
+  if (segments <= gpu::kInlineSegments) {
     gpu::CopySegment inl[gpu::kInlineSegments];
     uint32_t n = 0;
     bool fits = true;
-    for (const Segment& s : segs) {
-      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
-      for (uint64_t off = 0; off < s.size && fits; off += piece) {
-        if (n == gpu::kInlineSegments)
-          fits = false;
-        else
-          inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+    for (const CopySource& src : sources) {
+      for (const Segment& s : *src.segs) {
+        const uint64_t d = src.dst_base + (src.is_read ? s.local_off : s.remote_off);
+        const uint64_t r = src.src_base + (src.is_read ? s.remote_off : s.local_off);
+        for (uint64_t off = 0; off < s.size && fits; off += piece) {
+          if (n == gpu::kInlineSegments)
+            fits = false;
+          else
+            inl[n++] = {d + off, r + off, std::min(piece, s.size - off)};
+        }
       }
     }
     if (fits) {
@@ -250,7 +253,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
       return;
     }
   }
-  std::unique_ptr<SegmentList> list = TakeList(dc, segs.size() + total / piece + 1);
+  std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
   // Chunks grow 4x from a small first one: the GPU starts after a few
   // microseconds of host work, and later chunks are built while it copies.
   constexpr size_t kFirstChunk = 1024;
@@ -269,17 +272,21 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
   try {
     // The device half may be rewritten once the kernels that last read it ran.
     gpu::StreamWaitEvent(lane.upload, list->consumed);
-    for (const Segment& s : segs) {
-      const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-      const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
-      if (s.size <= piece) {
-        host[written++] = {d, r, s.size};
-      } else {
-        for (uint64_t off = 0; off < s.size; off += piece) {
-          host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+    for (const CopySource& src : sources) {
+      const uint64_t dst_base = src.dst_base, src_base = src.src_base;
+      const bool is_read = src.is_read;
+      for (const Segment& s : *src.segs) {
+        const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+        const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+        if (s.size <= piece) {
+          host[written++] = {d, r, s.size};
+        } else {
+          for (uint64_t off = 0; off < s.size; off += piece) {
+            host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+          }
         }
+        if (written - launched >= chunk) flush();
       }
-      if (written - launched >= chunk) flush();
     }
     if (written > launched) flush();
     gpu::RecordEvent(list->copied, lane.upload);
@@ -299,47 +306,143 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
 }
 
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
-  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
-  const StatusPtr status = op.status;
-  auto pending = std::make_shared<PendingCopy>();
-  pending->status = status;
-  pending->use = MemoryUse(op.local);
-  if (!pending->use) {
-    status->Update(StatusCode::ERR_NOT_FOUND,
-                   "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
-    return;
+  std::vector<Located> one;
+  one.push_back({std::move(op), remote_base});
+  RunOnDevice(std::move(one));
+}
+
+void XgmiBackend::SubmitGroup(std::vector<PeerOp> ops) {
+  // First each memory is mapped (a watch round trip and an IPC open on its
+  // first use) under its own peer's lock only, as Submit does: a slow owner
+  // never holds up another owner's revocation.
+  std::vector<PeerOp*> mapped;
+  for (PeerOp& p : ops) {
+    auto* peer = static_cast<XgmiPeer*>(p.peer.get());
+    std::shared_lock<std::shared_mutex> use = peer->UseLock();
+    uint64_t base = 0;
+    if (peer->RemoteAddress(p.op, &base)) mapped.push_back(&p);  // else its status ended
   }
-  const int dev = op.local->desc.device_id;
-  pending->device = dev;
-  std::vector<Segment> merged;
-  const std::vector<Segment>& segs = MergedView(*op.segs, &merged);
-  const uint64_t total = op.segs->total_bytes;
-  const uint64_t local_base = op.local->desc.data;
-  const uint64_t dst_base = op.is_read ? local_base : remote_base;
-  const uint64_t src_base = op.is_read ? remote_base : local_base;
+  // Then every distinct peer's lock, in address order (no two groups wait
+  // on each other), from the addresses' lookup until the copies are
+  // enqueued: a revocation in between fails its transfers here.
+  std::vector<XgmiPeer*> peers;
+  for (PeerOp* p : mapped) peers.push_back(static_cast<XgmiPeer*>(p->peer.get()));
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  locks.reserve(peers.size());
+  for (XgmiPeer* peer : peers) locks.push_back(peer->UseLock());
+  std::vector<std::vector<Located>> by_device;  // in order of first appearance
+  for (PeerOp* p : mapped) {
+    uint64_t base = 0;
+    if (!static_cast<XgmiPeer*>(p->peer.get())->RemoteAddress(p->op, &base, /*lookup_only=*/true)) continue;
+    const int dev = p->op.local->desc.device_id;
+    auto g = std::find_if(by_device.begin(), by_device.end(),
+                          [&](const std::vector<Located>& v) { return v.front().op.local->desc.device_id == dev; });
+    if (g == by_device.end()) g = by_device.insert(by_device.end(), std::vector<Located>());
+    g->push_back({std::move(p->op), base});
+  }
+  for (std::vector<Located>& group : by_device) RunOnDevice(std::move(group));
+}
+
+bool XgmiBackend::KernelSuits(size_t segments, uint64_t total) const {
+  return segments > 0 && segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
+         total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+}
+
+void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
+  gpu::RelaxedCaptureScope relaxed;                      // lane setup allocates: never break a capture elsewhere
+  std::vector<std::vector<Segment>> merged(ops.size());  // where merging changed a list
+  std::vector<Prepared> kernel_batch;                    // the transfers that share one kernel
+  size_t handed = 0;                                     // ops[0, handed) belong to an Enqueue now
   try {
+    for (; handed < ops.size(); ++handed) {
+      TransferOp& op = ops[handed].op;
+      MemoryUse use = MemoryUse(op.local);
+      if (!use) {
+        op.status->Update(StatusCode::ERR_NOT_FOUND,
+                          "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
+        continue;
+      }
+      const std::vector<Segment>& segs = MergedView(*op.segs, &merged[handed]);
+      const uint64_t local_base = op.local->desc.data, remote_base = ops[handed].remote_base;
+      Prepared p{op.status,
+                 std::move(use),
+                 {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read},
+                 op.segs->total_bytes};
+      // The kernel takes the transfers it would take one by one, together;
+      // the others (few or large segments: the copy engines) each go alone.
+      if (ops.size() > 1 && KernelSuits(segs.size(), op.segs->total_bytes)) {
+        kernel_batch.push_back(std::move(p));
+      } else {
+        std::vector<Prepared> alone;
+        alone.push_back(std::move(p));
+        Enqueue(op.local->desc.device_id, std::move(alone));
+      }
+    }
+    if (!kernel_batch.empty()) Enqueue(ops.front().op.local->desc.device_id, std::move(kernel_batch));
+  } catch (const std::exception& e) {
+    // Before Enqueue (which ends its own transfers on any failure): memory.
+    // Every transfer not handed to an Enqueue yet ends here.
+    for (Prepared& p : kernel_batch) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
+    for (size_t i = handed; i < ops.size(); ++i) {
+      ops[i].op.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
+    }
+  }
+}
+
+void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
+  auto pending = std::make_shared<PendingCopy>();
+  pending->device = dev;
+  DeviceContext::Lane* lane = nullptr;
+  try {
+    std::vector<CopySource> sources;
+    sources.reserve(batch.size());
+    size_t segments = 0;
+    uint64_t total = 0;
+    for (Prepared& p : batch) {
+      pending->statuses.push_back(p.status);
+      pending->uses.push_back(std::move(p.use));
+      sources.push_back(p.source);
+      segments += p.source.segs->size();
+      total += p.bytes;
+    }
     DeviceContext& dc = Device(dev);
-    DeviceContext::Lane& lane = *dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()];
-    std::lock_guard<std::mutex> lk(lane.mu);
+    lane = dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()].get();
+    std::lock_guard<std::mutex> lk(lane->mu);
     gpu::SetDevice(dev);
-    const bool use_kernel = !segs.empty() && segs.size() >= static_cast<size_t>(cfg_.kernel_min_segments) &&
-                            total / segs.size() < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
-    if (use_kernel) {
-      EnqueueKernel(dc, lane, segs, total, dst_base, src_base, op.is_read);
+    if (KernelSuits(segments, total)) {
+      EnqueueKernel(dc, *lane, sources, segments, total);
     } else {
-      for (const auto& s : segs) {
-        gpu::CopyAsync(dst_base + (op.is_read ? s.local_off : s.remote_off),
-                       src_base + (op.is_read ? s.remote_off : s.local_off), s.size, lane.stream);
+      for (const CopySource& src : sources) {
+        for (const Segment& s : *src.segs) {
+          gpu::CopyAsync(src.dst_base + (src.is_read ? s.local_off : s.remote_off),
+                         src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size, lane->stream);
+        }
       }
     }
     pending->event = TakeEvent(dev);
-    gpu::RecordEvent(pending->event, lane.stream);
-  } catch (const Error& e) {
+    gpu::RecordEvent(pending->event, lane->stream);
+  } catch (const std::exception& e) {
     if (pending->event) ReturnEvent(pending->event, dev);
-    status->Update(e.code() == StatusCode::ERR_INVALID_ARGS ? e.code() : StatusCode::ERR_GPU_OP, e.what());
+    // Copies enqueued before the failure may still run: they finish before
+    // the statuses end and the local memory is let go.
+    if (lane != nullptr) {
+      try {
+        gpu::SynchronizeStream(lane->stream);
+      } catch (const Error&) {
+      }
+    }
+    const auto* err = dynamic_cast<const Error*>(&e);
+    const StatusCode code =
+        err != nullptr && err->code() == StatusCode::ERR_INVALID_ARGS ? err->code() : StatusCode::ERR_GPU_OP;
+    const std::string msg = batch.size() > 1 ? "XGMI batch of " + std::to_string(batch.size()) + " transfers on GPU " +
+                                                   std::to_string(dev) + ": " + e.what()
+                                             : std::string(e.what());
+    for (const Prepared& p : batch) p.status->Update(code, msg);
     return;
   }
-  status->SetProgressHook([pending] { pending->Poll(); });
+  for (const StatusPtr& s : pending->statuses) s->SetProgressHook([pending] { pending->Poll(); });
   bool wake;
   {
     std::lock_guard<std::mutex> lk(pending_mu_);
@@ -362,7 +465,7 @@ size_t XgmiBackend::Reap() {
     if (p->done) {
       ReturnEvent(p->event, p->device);
       p->event = nullptr;
-      p->use.reset();
+      p->uses.clear();
     } else {
       still.push_back(std::move(p));
     }
@@ -427,10 +530,14 @@ void XgmiBackend::Shutdown() {
   for (auto& p : pending_) {
     p->Poll();
     std::lock_guard<std::mutex> pk(p->mu);
-    if (!p->done) p->status->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
+    if (!p->done) {
+      for (const StatusPtr& s : p->statuses) {
+        s->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
+      }
+    }
     p->done = true;
     p->event = nullptr;  // destroyed with the pools below
-    p->use.reset();
+    p->uses.clear();
   }
   pending_.clear();
   for (auto& p : peers_.TakeAll()) p->Close();
@@ -546,7 +653,7 @@ void MaybeInjectIpcOpenFailure() {
 
 }  // namespace
 
-uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream) {
+uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream, bool lookup_only) {
   auto revoked = [&] {
     return Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
                                                 "' was deregistered by its owner");
@@ -565,6 +672,10 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
     if (revoked_.count(d.id)) throw revoked();
     auto it = mapped_.find(d.id);
     if (it != mapped_.end()) return found(it->second);
+    if (lookup_only) {
+      throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                 "' was unmapped while the transfer was submitted");
+    }
   }
   // First use of this memory: become a watcher (one control round trip, which
   // also checks the descriptor against the owner's registration), then map.
@@ -590,15 +701,13 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_str
   return found(it->second);
 }
 
-void XgmiPeer::Submit(TransferOp op) {
+bool XgmiPeer::RemoteAddress(TransferOp& op, uint64_t* base, bool lookup_only) {
   if (closed_.load() || backend_->shut_down()) {
     op.status->Update(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
-    return;
+    return false;
   }
-  std::shared_lock<std::shared_mutex> use(use_mu_);
-  uint64_t base;
   try {
-    base = RemoteBase(op.remote, op.local->desc.device_id, false);
+    *base = RemoteBase(op.remote, op.local->desc.device_id, false, lookup_only);
   } catch (const Error& e) {
     const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
     // Memory that is gone fails the transfer; a mapping that could not be
@@ -607,9 +716,15 @@ void XgmiPeer::Submit(TransferOp op) {
         gone ? e.code() : StatusCode::ERR_GPU_OP,
         "mapping memory " + std::to_string(op.remote.id) + " of engine '" + remote_.key + "': " + e.what(),
         /*path_failed=*/!gone);
-    return;
+    return false;
   }
-  backend_->Run(std::move(op), base);
+  return true;
+}
+
+void XgmiPeer::Submit(TransferOp op) {
+  std::shared_lock<std::shared_mutex> use = UseLock();
+  uint64_t base = 0;
+  if (RemoteAddress(op, &base)) backend_->Run(std::move(op), base);
 }
 
 }  // namespace xgmi

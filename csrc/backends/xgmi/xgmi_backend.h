@@ -85,6 +85,13 @@ class XgmiPeer : public BackendPeer {
   XgmiPeer(XgmiBackend* backend, EngineDesc remote);
   ~XgmiPeer() override;
   void Submit(TransferOp op) override;
+  // Held (shared) from RemoteAddress until the copies that use the address
+  // are enqueued: revocation takes it exclusively.
+  std::shared_lock<std::shared_mutex> UseLock() { return std::shared_lock<std::shared_mutex>(use_mu_); }
+  // op's remote memory as mapped here, in *base; false with op.status ended
+  // when the peer is closed or the memory cannot be mapped. `lookup_only`:
+  // only a mapping made before counts (no watch, no IPC open).
+  bool RemoteAddress(TransferOp& op, uint64_t* base, bool lookup_only = false);
   bool Alive() const override { return !closed_.load(); }
   void Close();
   // The owner deregistered `ids`: see the file comment.
@@ -104,7 +111,7 @@ class XgmiPeer : public BackendPeer {
   // work on a caller's stream (maybe a CUDA graph), which this backend cannot
   // wait for, so the mapping then stays open until the peer closes. Callers
   // hold use_mu_ shared until the copies are enqueued.
-  uint64_t RemoteBase(const MemoryDesc& d, int local_device, bool on_stream);
+  uint64_t RemoteBase(const MemoryDesc& d, int local_device, bool on_stream, bool lookup_only = false);
 
   XgmiBackend* backend_;
   const EngineDesc remote_;
@@ -144,6 +151,9 @@ class XgmiBackend : public Backend {
   BackendType Type() const override { return BackendType::XGMI; }
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
+  // The pairs of an engine-level batch: those whose local memory is on one
+  // GPU run as one segment list (one kernel, one completion event).
+  void SubmitGroup(std::vector<PeerOp> ops) override;
   void RemovePeer(const std::string& key, const std::string& reason) override;
   // Owner `owner_key` deregistered `ids` (MemoryOwnership's revoker): later
   // transfers to them fail, and when this returns no copy of ours touches them.
@@ -155,6 +165,15 @@ class XgmiBackend : public Backend {
 
   // Runs the copies of one transfer and tracks its completion.
   void Run(TransferOp op, uint64_t remote_base);
+  // A transfer with the address of its remote memory in this process.
+  struct Located {
+    TransferOp op;
+    uint64_t remote_base = 0;
+  };
+  // Runs transfers whose local memory is on one GPU: those the copy kernel
+  // would take one by one share one kernel (one segment list, one
+  // completion); the others go alone, as Run does. Every status ends.
+  void RunOnDevice(std::vector<Located> ops);
   // Largest piece one thread group of the copy kernel takes: segments are
   // cut so that a batch of few large segments still fills the device.
   static uint64_t KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups);
@@ -164,9 +183,30 @@ class XgmiBackend : public Backend {
 
  private:
   DeviceContext& Device(int device);
-  // Enqueues the copy kernel(s) for `segs` (merged, non-empty) on `lane`.
-  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<Segment>& segs, uint64_t total,
-                     uint64_t dst_base, uint64_t src_base, bool is_read);
+  // One transfer's segments with the addresses they are relative to.
+  struct CopySource {
+    const std::vector<Segment>* segs;
+    uint64_t dst_base;
+    uint64_t src_base;
+    bool is_read;
+  };
+  // A transfer ready to enqueue: its local memory held, its segments placed.
+  struct Prepared {
+    StatusPtr status;
+    MemoryUse use;
+    CopySource source;
+    uint64_t bytes;
+  };
+  // The kernel (rather than the copy engines) for this many segments and bytes.
+  bool KernelSuits(size_t segments, uint64_t total) const;
+  // Enqueues `batch` on one lane of GPU `dev` (kernel or copy engines, chosen
+  // for the whole) and tracks its completion; on any failure ends every
+  // status of the batch, after the copies already enqueued ran.
+  void Enqueue(int dev, std::vector<Prepared> batch);
+  // Enqueues the copy kernel(s) for the sources' `segments` segments
+  // (`total` bytes, none empty) on `lane`.
+  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
+                     size_t segments, uint64_t total);
   // A list of at least `entries` entries: the oldest idle one when the GPU
   // is done with it, else a new one while fewer than num_streams exist.
   std::unique_ptr<SegmentList> TakeList(DeviceContext& dc, size_t entries);
