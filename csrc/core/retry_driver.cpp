@@ -66,9 +66,12 @@ void RetryDriver::Submit(TransferOp op, TransferPath path) {
 void RetryDriver::SubmitGroup(std::vector<std::pair<TransferOp, TransferPath>> ops) {
   // One group per backend, in the order the backends first appear.
   std::vector<std::pair<std::shared_ptr<Backend>, std::vector<PeerOp>>> groups;
-  for (auto& [op, path] : ops) {
+  for (auto& entry : ops) {
+    TransferOp& op = entry.first;
+    TransferPath& path = entry.second;
     Track(op, path);
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == path.backend; });
+    const std::shared_ptr<Backend>& backend = path.backend;
+    auto g = std::find_if(groups.begin(), groups.end(), [&backend](const auto& x) { return x.first == backend; });
     if (g == groups.end()) g = groups.insert(groups.end(), {path.backend, {}});
     g->second.push_back({std::move(path.peer), std::move(op)});
   }
