@@ -6,7 +6,9 @@ loopback on host memory (any machine), or XGMI on cuda:0 (--backend xgmi).
 
 Host cost = the time the submitting call takes (not the transfer), per
 segment, median over repeats; the same batch as int64 tensors is the
-baseline of the same run. Bytes are checked once per form.
+baseline of the same run. Bytes are checked once per form. Last, one
+segment's write: the call time of the engine-level write against the
+session's, median over 3 alternating rounds.
 
     python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
 """
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--segment-bytes", type=int, default=4096)
     ap.add_argument("--pairs", type=int, default=8, help="memory pairs of the engine-level batch")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--single-samples", type=int, default=1000, help="samples per round of the single 4 KiB write")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -115,6 +118,29 @@ def main():
                    args.repeats)
         base = ns if form == "tensors" else base
         record("engine", form, ns, base, per * k)
+
+    # One 4 KiB write, call time (submit only), engine-level call against the
+    # session's in the same run: the engine-level call passes two descriptors.
+    single = {}
+    for _ in range(3):  # alternating rounds
+        for form, fn in (("session", lambda: sess.write(0, 0, seg, sess.allocate_transfer_uid())),
+                         ("engine", lambda: a.write(sd, 0, dd, 0, seg, a.allocate_transfer_uid()))):
+            ts = []
+            for _ in range(args.single_samples):
+                t0 = time.perf_counter_ns()
+                st = fn()
+                ts.append(time.perf_counter_ns() - t0)
+                st.Wait()
+                assert st.Succeeded(), st.Message()
+            single.setdefault(form, []).append(statistics.median(ts[len(ts) // 10:]))
+    base = statistics.median(single["session"])
+    for form in ("session", "engine"):
+        ns = statistics.median(single[form])
+        records.append(dict(backend=args.backend, kind="single", form=form, segments=1, segment_bytes=seg,
+                            call_us=ns / 1e3, baseline="session write of the same bytes, same run",
+                            baseline_call_us=base / 1e3, ratio_to_session=ns / base, samples=args.single_samples,
+                            rounds=3, machine=machine))
+        print(f" single {form:>19}: call p50 {ns / 1e3:6.1f} us (session {base / 1e3:.1f})", flush=True)
 
     out = dict(command=" ".join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:]),
                time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), torch=torch.__version__, records=records)

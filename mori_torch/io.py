@@ -397,7 +397,10 @@ class EngineDesc:
         return EngineDesc(_native.EngineDesc.unpack(_bytes_tensor(data, "EngineDesc.unpack")))
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, EngineDesc) and self._d.equals(other._d)
+        if not isinstance(other, EngineDesc):
+            return False
+        with _no_torch_function():
+            return self._d.equals(other._d)
 
     __hash__ = None
 
@@ -442,7 +445,10 @@ class MemoryDesc:
         return MemoryDesc(_native.MemoryDesc.unpack(_bytes_tensor(data, "MemoryDesc.unpack")))
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, MemoryDesc) and self._d.equals(other._d)
+        if not isinstance(other, MemoryDesc):
+            return False
+        with _no_torch_function():
+            return self._d.equals(other._d)
 
     __hash__ = None
 
@@ -484,6 +490,14 @@ def _native_call(fn):
             raise
 
     return wrapper
+
+
+# TorchScript's Python entry probes every argument that is not a tensor for
+# __torch_function__; on one of our ScriptObjects (descriptors, statuses) the
+# probe throws and catches a C++ exception: 10-20 us per object, so an
+# engine-level read paid it twice and an 8-pair batch 16 times. Our methods
+# are not torch functions: calls that pass our objects run with it off.
+_no_torch_function = torch._C.DisableTorchFunction
 
 
 def _wrap_all(natives) -> List[TransferStatus]:
@@ -647,7 +661,9 @@ class IOEngine:
     @_upstream_keywords(engine_desc="desc")
     def register_remote_engine(self, desc: EngineDesc) -> None:
         """Makes the engine of ``desc`` known, so memory it owns can be used in transfers."""
-        self._e.register_remote_engine(_check_desc("desc", desc, EngineDesc))
+        d = _check_desc("desc", desc, EngineDesc)
+        with _no_torch_function():
+            self._e.register_remote_engine(d)
 
     @_native_call
     @_upstream_keywords(engine_desc="desc")
@@ -658,10 +674,11 @@ class IOEngine:
         d = _check_desc("desc", desc, EngineDesc)
         if not isinstance(reason, str):
             raise TypeError(f"deregister_remote_engine: reason must be a str, got {type(reason).__name__}")
-        if reason:
-            self._e.deregister_remote_engine_because(d, reason)
-        else:
-            self._e.deregister_remote_engine(d)
+        with _no_torch_function():
+            if reason:
+                self._e.deregister_remote_engine_because(d, reason)
+            else:
+                self._e.deregister_remote_engine(d)
 
     @_native_call
     def register_memory(self, ptr: int, size: int, device_id: int, mem_loc) -> MemoryDesc:
@@ -688,7 +705,9 @@ class IOEngine:
     def deregister_memory(self, desc: MemoryDesc) -> None:
         """Deregisters local memory: in-flight transfers on it end with an error, and
         peers that mapped it (XGMI) have stopped using it when this returns."""
-        self._e.deregister_memory(_check_desc("desc", desc, MemoryDesc))
+        d = _check_desc("desc", desc, MemoryDesc)
+        with _no_torch_function():
+            self._e.deregister_memory(d)
         self._tensors.pop(desc.id, None)
 
     @_native_call
@@ -700,13 +719,11 @@ class IOEngine:
     def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid) -> TransferStatus:
         """Reads ``size`` bytes at ``remote_offset`` of ``remote_src`` into ``local_offset`` of
         ``local_dest``; returns at once with the transfer's status."""
+        local = _check_desc("local_dest", local_dest, MemoryDesc)
+        remote = _check_desc("remote_src", remote_src, MemoryDesc)
         try:
-            return TransferStatus(
-                self._e.read(
-                    _check_desc("local_dest", local_dest, MemoryDesc), local_offset,
-                    _check_desc("remote_src", remote_src, MemoryDesc), remote_offset, size, uid,
-                )
-            )
+            with _no_torch_function():
+                return TransferStatus(self._e.read(local, local_offset, remote, remote_offset, size, uid))
         except RuntimeError as e:
             _raise_if_type_error(e)
             raise
@@ -715,13 +732,11 @@ class IOEngine:
     def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid) -> TransferStatus:
         """Writes ``size`` bytes at ``local_offset`` of ``local_src`` to ``remote_offset`` of
         ``remote_dest``; returns at once with the transfer's status."""
+        local = _check_desc("local_src", local_src, MemoryDesc)
+        remote = _check_desc("remote_dest", remote_dest, MemoryDesc)
         try:
-            return TransferStatus(
-                self._e.write(
-                    _check_desc("local_src", local_src, MemoryDesc), local_offset,
-                    _check_desc("remote_dest", remote_dest, MemoryDesc), remote_offset, size, uid,
-                )
-            )
+            with _no_torch_function():
+                return TransferStatus(self._e.write(local, local_offset, remote, remote_offset, size, uid))
         except RuntimeError as e:
             _raise_if_type_error(e)
             raise
@@ -732,8 +747,11 @@ class IOEngine:
         lo = [_int64s("local_offsets[]", x) for x in local_offsets]
         ro = [_int64s("remote_offsets[]", x) for x in remote_offsets]
         sz = [_int64s("sizes[]", x) for x in sizes]
+        uids = list(uids)
         try:
-            return _wrap_all(self._e.batch_transfer_tensors(is_read, locals_, lo, remotes, ro, sz, list(uids)))
+            with _no_torch_function():
+                natives = self._e.batch_transfer_tensors(is_read, locals_, lo, remotes, ro, sz, uids)
+            return _wrap_all(natives)
         except RuntimeError as e:
             _raise_if_type_error(e)
             raise
@@ -756,7 +774,9 @@ class IOEngine:
         """A session pinning the pair (``local``, ``remote``) to the backend that
         serves it, for repeated transfers without per-call lookups; None if no
         backend can serve the pair."""
-        s = self._e.create_session(_check_desc("local", local, MemoryDesc), _check_desc("remote", remote, MemoryDesc))
+        pair = _check_desc("local", local, MemoryDesc), _check_desc("remote", remote, MemoryDesc)
+        with _no_torch_function():
+            s = self._e.create_session(*pair)
         return None if s is None else IOEngineSession(s, self)
 
     @_native_call
@@ -778,7 +798,9 @@ class IOEngine:
             if not isinstance(s, TransferStatus):
                 raise TypeError(f"wait_all: expected TransferStatus entries, got {type(s).__name__}")
             natives.append(s._s)
-        return StatusCode(self._e.wait_all(natives, _index("timeout_ms", timeout_ms)))
+        timeout_ms = _index("timeout_ms", timeout_ms)
+        with _no_torch_function():
+            return StatusCode(self._e.wait_all(natives, timeout_ms))
 
     def stats(self) -> dict:
         """This engine's transfer counters (a mori_torch extension), as a plain dict::
