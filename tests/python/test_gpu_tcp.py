@@ -34,6 +34,13 @@ def tcp_engine(prefix, **kw):
     return e
 
 
+def settle():
+    """Engine calls are not stream-ordered (README): the kernels that filled
+    a buffer (zeros, fill_, slice copies) must end before a transfer uses it."""
+    for d in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(d)
+
+
 def rand_bytes(n, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(device)
@@ -55,6 +62,7 @@ def tcp_pair(request):
     remote = torch.zeros(n, dtype=torch.uint8, device=rdev)
     ld = a.register_torch_tensor(local)
     rd = MemoryDesc.unpack(b.register_torch_tensor(remote).pack())
+    settle()
     yield a, b, local, remote, ld, rd
     a.shutdown()
     b.shutdown()
@@ -66,9 +74,11 @@ def test_single_write_and_read(tcp_pair, size):
     assert a.create_session(ld, rd).backend_type == BackendType.TCP
     src = rand_bytes(size, size)
     local[100 : 100 + size] = src.to(local.device)
+    settle()
     wait_ok(a.write(ld, 100, rd, 333, size, 1))
     assert torch.equal(remote[333 : 333 + size].cpu(), src)
     local.zero_()
+    settle()
     wait_ok(a.read(ld, 7, rd, 333, size, 2))
     assert torch.equal(local[7 : 7 + size].cpu(), src)
     assert int(local[:7].count_nonzero()) == 0 and int(local[7 + size :].count_nonzero()) == 0
@@ -85,12 +95,14 @@ def test_shuffled_batch_spans_chunks(tcp_pair, op):
     sess = a.create_session(ld, rd)
     if op == "write":
         local[: n * page] = src.to(local.device)
+        settle()
         wait_ok(sess.batch_write(lo, ro, [page] * n, 11))
         got, want = remote.cpu(), local.cpu()
         for i in range(n):
             assert torch.equal(got[ro[i] : ro[i] + page], want[lo[i] : lo[i] + page]), f"page {i}"
     else:
         remote[: n * page] = src.to(remote.device)
+        settle()
         wait_ok(sess.batch_read(lo, ro, [page] * n, 12))
         got, want = local.cpu(), remote.cpu()
         for i in range(n):
@@ -120,12 +132,14 @@ def test_small_unaligned_segments(tcp_pair, op):
     sess = a.create_session(ld, rd)
     if op == "write":
         local[:span] = src.to(local.device)
+        settle()
         wait_ok(sess.batch_write(lo, ro, sizes, 21))
         got, want = remote.cpu(), local.cpu()
         for i in range(n):
             assert torch.equal(got[ro[i] : ro[i] + sizes[i]], want[lo[i] : lo[i] + sizes[i]]), f"segment {i}"
     else:
         remote[:span] = src.to(remote.device)
+        settle()
         wait_ok(sess.batch_read(lo, ro, sizes, 22))
         got, want = local.cpu(), remote.cpu()
         for i in range(n):
@@ -136,6 +150,7 @@ def test_many_transfers_in_flight_keep_order_per_byte(tcp_pair):
     a, b, local, remote, ld, rd = tcp_pair
     n, size = 64, 64 << 10
     local[: n * size] = rand_bytes(n * size, 3).to(local.device)
+    settle()
     sts = [a.write(ld, i * size, rd, i * size, size, 100 + i) for i in range(n)]
     for st in sts:
         wait_ok(st)
@@ -149,6 +164,7 @@ def test_views_and_two_registrations_of_one_block():
     block = torch.zeros(4 << 20, dtype=torch.uint8, device="cuda:0")
     view = block[1 << 20 : 2 << 20]
     view.copy_(rand_bytes(1 << 20, 4, "cuda:0"))
+    settle()
     remote = torch.zeros(1 << 20, dtype=torch.uint8)
     ld = a.register_torch_tensor(view)
     rd = MemoryDesc.unpack(b.register_torch_tensor(remote).pack())
@@ -164,6 +180,7 @@ def test_staging_that_fails_half_way_frees_what_it_pinned(monkeypatch):
     gpu = torch.full((1 << 20,), 7, dtype=torch.uint8, device="cuda:0")
     cpu = torch.zeros(1 << 20, dtype=torch.uint8)
     ld = a.register_torch_tensor(gpu)
+    settle()
     rd = MemoryDesc.unpack(b.register_torch_tensor(cpu).pack())
     before = mori_torch.pinned_host_bytes()
     monkeypatch.setenv("MORI_TORCH_FAIL_PINNED_CHUNK", "2")  # chunk 1 pins, chunk 2 fails
@@ -190,6 +207,7 @@ def test_pinned_bytes_return_to_zero_after_engines_end():
     g2 = torch.zeros(2 << 20, dtype=torch.uint8, device="cuda:0")
     ld = a.register_torch_tensor(g1)
     rd = MemoryDesc.unpack(b.register_torch_tensor(g2).pack())
+    settle()
     wait_ok(a.write(ld, 0, rd, 0, 2 << 20, 1))
     wait_ok(a.read(ld, 0, rd, 0, 2 << 20, 2))
     assert mori_torch.pinned_host_bytes() > before
@@ -207,6 +225,7 @@ def test_target_without_staging_rejects_cleanly(monkeypatch):
     gpu = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
     ld = a.register_torch_tensor(cpu)
     rd = MemoryDesc.unpack(b.register_torch_tensor(gpu).pack())
+    settle()
     monkeypatch.setenv("MORI_TORCH_FAIL_PINNED_CHUNK", "3")
     st = a.write(ld, 0, rd, 0, 1 << 20, 1)
     assert st.WaitFor(10000) == StatusCode.ERR_GPU_OP
@@ -295,11 +314,13 @@ def test_two_processes(local_dev):
         rd = MemoryDesc.unpack(mem_bytes)
         local = torch.zeros(n, dtype=torch.uint8, device=local_dev)
         ld = a.register_torch_tensor(local)
+        settle()
         parent.send(("fill", 21))
         assert parent.recv()
         wait_ok(a.read(ld, 0, rd, 0, n, 1))
         assert torch.equal(local.cpu(), rand_bytes(n, 21))
         local.copy_(rand_bytes(n, 22).to(local_dev))
+        settle()
         wait_ok(a.write(ld, 0, rd, 0, n, 2))
         parent.send(("get", None))
         assert parent.recv() == bytes(rand_bytes(n, 22).numpy())

@@ -32,6 +32,14 @@ def xgmi_engine(prefix, tcp=False, **cfg):
     return e
 
 
+def settle():
+    """Engine calls are not stream-ordered (README): the kernels that filled
+    a buffer (zeros, fill_, copy_) must end before a transfer uses it, or they
+    may land after the transfer's copy (seen on H100)."""
+    for d in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(d)
+
+
 def rand_bytes(n, dev, seed):
     g = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).to(dev)
@@ -50,6 +58,7 @@ def _pair_with(where, **cfg):
     remote = torch.zeros(n, dtype=torch.uint8, device=dst_dev)
     ld = a.register_torch_tensor(local)
     rd = MemoryDesc.unpack(b.register_torch_tensor(remote).pack())
+    settle()
     return a, b, local, remote, ld, rd
 
 
@@ -95,6 +104,7 @@ def test_single_transfers(gpu_pair, op, use_session):
     src.copy_(rand_bytes(src.numel(), src.device, 1))
     for size in (8, 8192, 1 << 20, 8 << 20):
         dst.zero_()
+        settle()
         uid = a.allocate_transfer_uid()
         if use_session:
             sess = a.create_session(ld, rd)
@@ -140,6 +150,7 @@ def test_segment_batches(gpu_pair, kind, count, op):
     src, dst = (remote, local) if op == "read" else (local, remote)
     src.copy_(rand_bytes(src.numel(), src.device, count))
     dst.zero_()
+    settle()
     sess = a.create_session(ld, rd)
     st = getattr(sess, f"batch_{op}")(lo, ro, sizes, sess.allocate_transfer_uid())
     wait_ok(st)
@@ -152,6 +163,7 @@ def test_segment_batches(gpu_pair, kind, count, op):
 def test_status_completes_by_polling_alone(gpu_pair):
     a, b, local, remote, ld, rd = gpu_pair
     local.fill_(5)
+    settle()
     st = a.write(ld, 0, rd, 0, 8 << 20, a.allocate_transfer_uid())
     deadline = time.monotonic() + 10
     while not st.Succeeded():
@@ -227,6 +239,7 @@ def test_batches_across_chunk_boundaries(kernel_pair, count, op):
     src, dst = (remote, local) if op == "read" else (local, remote)
     src.copy_(rand_bytes(src.numel(), src.device, count))
     dst.zero_()
+    settle()
     sess = a.create_session(ld, rd)
     st = getattr(sess, f"batch_{op}")(lp * seg, rp * seg, torch.full((count,), seg), sess.allocate_transfer_uid())
     wait_ok(st)
@@ -248,6 +261,7 @@ def test_large_segments_cut_into_pieces(kernel_pair, op):
     src, dst = (remote, local) if op == "read" else (local, remote)
     src.copy_(rand_bytes(src.numel(), src.device, 7))
     dst.zero_()
+    settle()
     sess = a.create_session(ld, rd)
     wait_ok(getattr(sess, f"batch_{op}")(lo, ro, sizes, sess.allocate_transfer_uid()))
     s_offs, d_offs = (ro, lo) if op == "read" else (lo, ro)
@@ -270,6 +284,7 @@ def test_kernel_alignments_and_inline_lists(kernel_pair, count):
         sizes.append(sz)
     local.copy_(rand_bytes(local.numel(), local.device, count))
     remote.zero_()
+    settle()
     sess = a.create_session(ld, rd)
     wait_ok(sess.batch_write(lo, ro, sizes, sess.allocate_transfer_uid()))
     assert torch.equal(remote.cpu(), _expected_copy(local.cpu(), lo, ro, sizes))
@@ -293,6 +308,7 @@ def test_merged_segments(cfg, layout):
         lo = [i * seg for i in range(count)]
         ro = [2 * i * seg for i in range(count)]
     local.copy_(rand_bytes(local.numel(), local.device, 11))
+    settle()
     sess = a.create_session(ld, rd)
     wait_ok(sess.batch_write(lo, ro, [seg] * count, sess.allocate_transfer_uid()))
     assert torch.equal(remote.cpu(), _expected_copy(local.cpu(), lo, ro, [seg] * count))
@@ -306,6 +322,7 @@ def test_one_lane_reused_while_batches_run():
     of growing size back to back, wait at the end, check every byte."""
     a, b, local, remote, ld, rd = _pair_with("same-device", num_streams=1, **KERNEL_ALWAYS)
     local.copy_(rand_bytes(local.numel(), local.device, 5))
+    settle()
     sess = a.create_session(ld, rd)
     seg = 128
     pages = (8 << 20) // seg
@@ -333,6 +350,7 @@ def test_kernel_and_copy_engine_batches_interleaved(where):
     enough for the launch parameters, some not): all end with the right bytes."""
     a, b, local, remote, ld, rd = _pair_with(where, kernel_min_segments=4)
     local.copy_(rand_bytes(local.numel(), local.device, 13))
+    settle()
     sess = a.create_session(ld, rd)
     seg = 4096
     statuses = []
@@ -412,7 +430,7 @@ def test_engine_batch_of_pairs(op, cfg):
     gone_rd = MemoryDesc.unpack(c.register_torch_tensor(gone).pack())
     wait_ok(a.read(bad_ld, 0, gone_rd, 0, seg, a.allocate_transfer_uid()))
     c.deregister_memory(gone_rd)
-    torch.cuda.synchronize()
+    settle()
     lds = [p[1] for p in pairs] + [bad_ld, bad_ld]
     rds = [p[3] for p in pairs] + [pairs[0][3], gone_rd]
     los = [p[4][0] for p in pairs] + [[0], [0]]
@@ -497,6 +515,7 @@ def test_view_at_offset_read_from_another_process(gpu_remote):
     a.register_remote_engine(edesc)
     local = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
     ld = a.register_torch_tensor(local)
+    settle()
     assert view.ipc_offset >= 64 << 20
     wait_ok(a.read(ld, 0, view, 0, 1 << 20, a.allocate_transfer_uid()))
     assert bytes(local.cpu().numpy()) == view_bytes
@@ -510,6 +529,7 @@ def test_view_at_offset_read_from_another_process(gpu_remote):
     # Write back into the remote allocation and check through its sum.
     before = conn.send("sum") or conn.recv()
     local.fill_(0)
+    settle()
     wait_ok(a.write(ld, 0, view, 0, 1 << 20, a.allocate_transfer_uid()))
     after = conn.send("sum") or conn.recv()
     assert after == before - sum(view_bytes)
@@ -530,6 +550,7 @@ def test_engine_batch_of_pairs_from_another_process(gpu_remote):
     a.register_remote_engine(edesc)
     l1 = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
     l2 = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda:0")
+    settle()
     d1, d2 = a.register_torch_tensor(l1), a.register_torch_tensor(l2)
     pages = random.Random(2).sample(range((128 << 20) // 4096), 200)
     st = a.batch_read([d1, d2], [[i * 4096 for i in range(200)], [0, 4096 * 3]], [whole, view],
@@ -560,6 +581,7 @@ def test_owner_deregistering_takes_the_memory_back(gpu_remote):
     wait_ok(a.read(ld, 0, whole, 0, 4096, a.allocate_transfer_uid()))
     assert a.mapped_remote_memories() == 2
     local.fill_(7)
+    settle()
     before = conn.send("sum") or conn.recv()
     conn.send("dereg_view")
     assert conn.recv() is True
@@ -585,6 +607,7 @@ def test_owner_deregistering_in_one_process_is_revoked_too():
     ld = a.register_torch_tensor(local)
     rd_b = b.register_torch_tensor(remote)
     rd = MemoryDesc.unpack(rd_b.pack())
+    settle()
     wait_ok(a.write(ld, 0, rd, 0, 4096, 1))
     assert int(remote[:4096].sum()) == 4096
     b.deregister_memory(rd_b)
