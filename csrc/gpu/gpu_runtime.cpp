@@ -250,6 +250,14 @@ int CurrentDevice() {
   return d;
 }
 
+DeviceScope::DeviceScope(int device) : prev_(CurrentDevice()), device_(device) {
+  if (prev_ != device_) SetDevice(device_);
+}
+
+DeviceScope::~DeviceScope() {
+  if (prev_ != device_) (void)gpuSetDevice(prev_);  // restoring a device that was current cannot fail
+}
+
 void* PinnedAlloc(size_t bytes, int numa_node) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw Error(StatusCode::ERR_GPU_OP, "mmap of " + std::to_string(bytes) + " bytes failed");
@@ -368,6 +376,11 @@ uint64_t DevicePointerOfPinned(void*) { NoGpu("DevicePointerOfPinned"); }
 void EnablePeerAccess(int, int) { NoGpu("EnablePeerAccess"); }
 void SetDevice(int) { NoGpu("SetDevice"); }
 int CurrentDevice() { return -1; }
+DeviceScope::DeviceScope(int device) : device_(device) {
+  (void)prev_;  // fields of the GPU build
+  (void)device_;
+}
+DeviceScope::~DeviceScope() {}
 
 #endif
 

@@ -151,6 +151,7 @@ std::unique_ptr<StagingSet> StagingPool::Take(int device) {
       return s;
     }
   }
+  DeviceScope on(device);  // the pinning below acts on the current device's context
   return std::make_unique<StagingSet>(chunk_bytes_, depth_, NumaNodeOf(device));
 }
 
