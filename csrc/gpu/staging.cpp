@@ -112,7 +112,7 @@ void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, in
         c.list[k] = {to_chunk ? host : dev, to_chunk ? dev : host, std::min(kEntryBytes, p.bytes - off)};
       }
     }
-    SetDevice(device);
+    DeviceScope on(device);
     LaunchSegmentCopy(reinterpret_cast<const CopySegment*>(c.list_dev_ptr), static_cast<uint32_t>(k), l.stream);
   } else {
     const uint64_t host = reinterpret_cast<uint64_t>(c.ptr);
