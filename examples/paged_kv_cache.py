@@ -126,6 +126,7 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
         out = compiled(kv, local_blocks, remote_blocks, query).clone()
         torch.cuda.synchronize()
         t_total += time.perf_counter() - t0 if it >= 3 else 0.0
+        ops.check_errors(h)  # a failed pull leaves its pages as they were: raise its error, not "differ"
         got = kv.view(torch.bfloat16).view(num_pages, rows, HEAD_DIM)[local_blocks]
         want = expected_pages[remote_blocks]
         if not torch.equal(got, want):
