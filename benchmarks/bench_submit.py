@@ -8,7 +8,8 @@ Host cost = the time the submitting call takes (not the transfer), per
 segment, median over repeats; the same batch as int64 tensors is the
 baseline of the same run. Bytes are checked once per form. Last, one
 segment's write: the call time of the engine-level write against the
-session's, median over 3 alternating rounds.
+session's, median over 3 alternating rounds; and one poll of a status
+(`Succeeded()`) through mori_torch.io against TorchScript's method call.
 
     python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
 """
@@ -141,6 +142,25 @@ def main():
                             baseline_call_us=base / 1e3, ratio_to_session=ns / base, samples=args.single_samples,
                             rounds=3, machine=machine))
         print(f" single {form:>19}: call p50 {ns / 1e3:6.1f} us (session {base / 1e3:.1f})", flush=True)
+
+    # One poll of a status (Succeeded()): mori_torch.io's call against the
+    # TorchScript method it used to make, same run.
+    st = sess.write(0, 0, seg, sess.allocate_transfer_uid())
+    st.Wait()
+    polls = {}
+    for _ in range(3):
+        for form, fn in (("io", st.Succeeded), ("torchscript method", st._s.Succeeded)):
+            t0 = time.perf_counter_ns()
+            for _ in range(20000):
+                fn()
+            polls.setdefault(form, []).append((time.perf_counter_ns() - t0) / 20000)
+    base = statistics.median(polls["torchscript method"])
+    for form in ("io", "torchscript method"):
+        ns = statistics.median(polls[form])
+        records.append(dict(backend=args.backend, kind="poll", form=form, call_us=ns / 1e3,
+                            baseline="TransferStatus.Succeeded through TorchScript's method call, same run",
+                            baseline_call_us=base / 1e3, ratio_to_method=ns / base, rounds=3, machine=machine))
+        print(f"   poll {form:>19}: {ns:6.0f} ns per Succeeded() (TorchScript method {base:.0f})", flush=True)
 
     out = dict(command=" ".join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:]),
                time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), torch=torch.__version__, records=records)
