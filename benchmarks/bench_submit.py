@@ -76,6 +76,8 @@ def main():
     src = torch.randint(0, 256, (n * seg,), dtype=torch.uint8, device=dev)
     dst = torch.zeros(n * seg, dtype=torch.uint8, device=dev)
     sd, dd = a.register_torch_tensor(src), b.register_torch_tensor(dst)
+    if dev != "cpu":
+        torch.cuda.synchronize()  # engine calls are not stream-ordered: the fills end first
     sess = a.create_session(sd, dd)
 
     perm = list(range(n))
@@ -98,6 +100,8 @@ def main():
     base = None
     for form, (lf, rf, sf) in forms(lo, ro, sizes).items():
         dst.zero_()
+        if dev != "cpu":
+            torch.cuda.synchronize()
         sess.batch_write(lf, rf, sf, sess.allocate_transfer_uid()).Wait()
         assert torch.equal(dst.view(n, seg)[torch.tensor(perm)], src.view(n, seg)), form
         ns = timed(lambda: sess.batch_write(lf, rf, sf, sess.allocate_transfer_uid()), args.repeats)
