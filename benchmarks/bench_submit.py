@@ -8,7 +8,8 @@ Host cost = the time the submitting call takes (not the transfer), per
 segment, median over repeats; the same batch as int64 tensors is the
 baseline of the same run. Bytes are checked once per form. Last, one
 segment's write: the call time of the engine-level write against the
-session's, median over 3 alternating rounds.
+session's, median over 3 alternating rounds; and one poll of a status
+(`Succeeded()`) through mori_torch.io against TorchScript's method call.
 
     python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
 """
@@ -75,6 +76,8 @@ def main():
     src = torch.randint(0, 256, (n * seg,), dtype=torch.uint8, device=dev)
     dst = torch.zeros(n * seg, dtype=torch.uint8, device=dev)
     sd, dd = a.register_torch_tensor(src), b.register_torch_tensor(dst)
+    if dev != "cpu":
+        torch.cuda.synchronize()  # engine calls are not stream-ordered: the fills end first
     sess = a.create_session(sd, dd)
 
     perm = list(range(n))
@@ -97,6 +100,8 @@ def main():
     base = None
     for form, (lf, rf, sf) in forms(lo, ro, sizes).items():
         dst.zero_()
+        if dev != "cpu":
+            torch.cuda.synchronize()
         sess.batch_write(lf, rf, sf, sess.allocate_transfer_uid()).Wait()
         assert torch.equal(dst.view(n, seg)[torch.tensor(perm)], src.view(n, seg)), form
         ns = timed(lambda: sess.batch_write(lf, rf, sf, sess.allocate_transfer_uid()), args.repeats)
@@ -141,6 +146,25 @@ def main():
                             baseline_call_us=base / 1e3, ratio_to_session=ns / base, samples=args.single_samples,
                             rounds=3, machine=machine))
         print(f" single {form:>19}: call p50 {ns / 1e3:6.1f} us (session {base / 1e3:.1f})", flush=True)
+
+    # One poll of a status (Succeeded()): mori_torch.io's call against the
+    # TorchScript method it used to make, same run.
+    st = sess.write(0, 0, seg, sess.allocate_transfer_uid())
+    st.Wait()
+    polls = {}
+    for _ in range(3):
+        for form, fn in (("io", st.Succeeded), ("torchscript method", st._s.Succeeded)):
+            t0 = time.perf_counter_ns()
+            for _ in range(20000):
+                fn()
+            polls.setdefault(form, []).append((time.perf_counter_ns() - t0) / 20000)
+    base = statistics.median(polls["torchscript method"])
+    for form in ("io", "torchscript method"):
+        ns = statistics.median(polls[form])
+        records.append(dict(backend=args.backend, kind="poll", form=form, call_us=ns / 1e3,
+                            baseline="TransferStatus.Succeeded through TorchScript's method call, same run",
+                            baseline_call_us=base / 1e3, ratio_to_method=ns / base, rounds=3, machine=machine))
+        print(f"   poll {form:>19}: {ns:6.0f} ns per Succeeded() (TorchScript method {base:.0f})", flush=True)
 
     out = dict(command=" ".join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:]),
                time_utc=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), torch=torch.__version__, records=records)

@@ -72,12 +72,6 @@ HostInt64 ToHostInt64(const at::Tensor& t, const char* name) {
   return {t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous()};
 }
 
-struct TransferStatusObj : torch::CustomClassHolder {
-  StatusPtr s;
-  TransferStatusObj() : s(std::make_shared<TransferStatus>()) {}
-  explicit TransferStatusObj(StatusPtr p) : s(std::move(p)) {}
-};
-using StatusRef = c10::intrusive_ptr<TransferStatusObj>;
 StatusRef Wrap(StatusPtr p) { return c10::make_intrusive<TransferStatusObj>(std::move(p)); }
 
 struct EngineDescObj : torch::CustomClassHolder {

@@ -1,5 +1,6 @@
-// Custom-class holders shared by classes.cpp (which registers them) and
-// ops.cpp (whose ops take a session).
+// Custom-class holders shared by classes.cpp (which registers them),
+// ops.cpp (whose ops take a session) and status_poll.cpp (which reads a
+// status without TorchScript's method call).
 #pragma once
 
 #include <torch/custom_class.h>
@@ -17,6 +18,13 @@ struct SessionObj : torch::CustomClassHolder {
   explicit SessionObj(std::shared_ptr<Session> x) : s(std::move(x)) {}
 };
 using SessionRef = c10::intrusive_ptr<SessionObj>;
+
+struct TransferStatusObj : torch::CustomClassHolder {
+  StatusPtr s;
+  TransferStatusObj() : s(std::make_shared<TransferStatus>()) {}
+  explicit TransferStatusObj(StatusPtr p) : s(std::move(p)) {}
+};
+using StatusRef = c10::intrusive_ptr<TransferStatusObj>;
 
 // Core errors become Python ValueError (bad arguments, unknown ids) or
 // RuntimeError (bad state), with the status code name leading the message.

@@ -5,7 +5,8 @@
 // Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
 // that serving engines pass into int64 tensors in one pass in C (a few ns
 // per entry), since the TorchScript boundary converts a List[int] at about
-// 20 ns per entry; config_table hands the settings table to mori_torch.config.
+// 20 ns per entry; status_code polls a status (torch/status_poll.h);
+// config_table hands the settings table to mori_torch.config.
 // The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
 // that nothing is generated into the source tree at build time.
 #include <Python.h>
@@ -19,6 +20,7 @@
 #include "core/logging.h"
 
 #include "base/config_table.h"
+#include "torch/status_poll.h"
 
 namespace {
 
@@ -177,6 +179,8 @@ PyMethodDef kMethods[] = {
      "log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file, line, time_ms, message)]."},
     {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
      "int64_tensor(values, what) -> a CPU int64 tensor of the list or tuple of ints `values`; errors name `what`."},
+    {"status_code", mori_torch::bind::StatusCodeOf, METH_O,
+     "status_code(status) -> int: a native TransferStatus's code, without TorchScript's method call"},
     {"config_table", ConfigTable, METH_NOARGS,
      "config_table() -> the settings table (environment variables and config keys); see mori_torch.config."},
     {nullptr, nullptr, 0, nullptr}};

@@ -428,9 +428,9 @@ def test_engine_batch_of_pairs(op, cfg):
     bad_ld = a.register_torch_tensor(bad_local)
     gone = torch.zeros(region, dtype=torch.uint8, device="cuda:0")
     gone_rd = MemoryDesc.unpack(c.register_torch_tensor(gone).pack())
+    settle()
     wait_ok(a.read(bad_ld, 0, gone_rd, 0, seg, a.allocate_transfer_uid()))
     c.deregister_memory(gone_rd)
-    settle()
     lds = [p[1] for p in pairs] + [bad_ld, bad_ld]
     rds = [p[3] for p in pairs] + [pairs[0][3], gone_rd]
     los = [p[4][0] for p in pairs] + [[0], [0]]
@@ -575,6 +575,7 @@ def test_owner_deregistering_takes_the_memory_back(gpu_remote):
     a.register_remote_engine(edesc)
     local = torch.full((1 << 20,), 7, dtype=torch.uint8, device="cuda:0")
     ld = a.register_torch_tensor(local)
+    settle()
     sess = a.create_session(ld, view)
     wait_ok(sess.read(0, 0, 4096, 1))
     assert bytes(local[:4096].cpu().numpy()) == view_bytes[:4096]
@@ -612,6 +613,7 @@ def test_owner_deregistering_in_one_process_is_revoked_too():
     assert int(remote[:4096].sum()) == 4096
     b.deregister_memory(rd_b)
     remote.zero_()
+    settle()  # so that a write let through by a regression would show below
     st = a.write(ld, 0, rd, 0, 1 << 20, 2)
     assert st.WaitFor(10000) == StatusCode.ERR_NOT_FOUND and "deregistered" in st.Message()
     torch.cuda.synchronize()

@@ -24,6 +24,31 @@ def test_user_status_object():
     s.Wait()
 
 
+def test_polls_read_the_native_code_through_the_fast_path():
+    """Code/Init/InProgress/Succeeded/Failed go through _C.status_code (no
+    TorchScript method call): they agree with the native methods at every
+    state, every error code counts as failed, and anything but a native
+    status is a TypeError, never a crash."""
+    import torch
+
+    from mori_torch import _C
+
+    s = TransferStatus()
+    for code in (StatusCode.INIT, StatusCode.IN_PROGRESS, StatusCode.SUCCESS):
+        s._s.SetCode(int(code))
+        assert _C.status_code(s._s) == int(code) == s._s.Code() and s.Code() == code
+        assert (s.Init(), s.InProgress(), s.Succeeded(), s.Failed()) == (
+            s._s.Init(), s._s.InProgress(), s._s.Succeeded(), s._s.Failed())
+    for code in StatusCode:
+        if code.name.startswith("ERR_"):
+            e = TransferStatus()
+            e.Update(code, "x")
+            assert e.Failed() and e._s.Failed() and not e.Succeeded() and e.Code() == code
+    for bad in (None, 1, "status", object(), torch.zeros(1), torch.ScriptObject, Pair):
+        with pytest.raises(TypeError, match="expected a torch.classes.mori.TransferStatus"):
+            _C.status_code(bad)
+
+
 def test_waitfor_zero_polls_and_deadline_returns_in_progress():
     s = TransferStatus()
     s.Update(StatusCode.IN_PROGRESS)
