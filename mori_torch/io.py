@@ -76,7 +76,11 @@ class StatusCode(enum.IntEnum):
     ERR_GPU_OP = 15
 
 
-_status_code = _C.status_code
+try:
+    _status_code = _C.status_code
+except AttributeError:  # an extension built from an older tree
+    raise ImportError("mori_torch._C is older than this mori_torch (it has no status_code): rebuild it "
+                      "(scripts/setup.sh, or pip install --no-build-isolation .)") from None
 _SUCCESS, _INIT, _IN_PROGRESS = int(StatusCode.SUCCESS), int(StatusCode.INIT), int(StatusCode.IN_PROGRESS)
 _LAST_NON_ERROR = 10  # codes above are errors (base/error.h: IsError)
 

@@ -56,8 +56,7 @@ const std::vector<Segment>& MergedView(const SegmentBatch& batch, std::vector<Se
   return *scratch;
 }
 
-std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, size_t parts) {
-  const uint64_t total = TotalBytes(segs);
+std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, uint64_t total, size_t parts) {
   parts = std::max<size_t>(1, parts);
   if (parts == 1 || total == 0) return {segs};
   const uint64_t per = (total + parts - 1) / parts;

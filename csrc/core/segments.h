@@ -40,8 +40,9 @@ std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs);
 // (no copy); *scratch holds the merged list while the reference is used.
 const std::vector<Segment>& MergedView(const SegmentBatch& batch, std::vector<Segment>* scratch);
 
-// Cuts `segs` into at most `parts` lists of nearly equal byte counts,
-// splitting segments where needed; never returns an empty list.
-std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, size_t parts);
+// Cuts `segs` (`total` bytes: the batch's count, not walked again) into at
+// most `parts` lists of nearly equal byte counts, splitting segments where
+// needed; never returns an empty list.
+std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, uint64_t total, size_t parts);
 
 }  // namespace mori_torch

@@ -143,7 +143,7 @@ void CheckStripes(const std::vector<Segment>& in, size_t parts, const std::vecto
 
 TEST(SplitIntoStripesTest, ExactSplitOfOneSegment) {
   const std::vector<Segment> in = {{1000, 5000, 4096}};
-  const auto out = SplitIntoStripes(in, 4);
+  const auto out = SplitIntoStripes(in, TotalBytes(in), 4);
   ASSERT_EQ(out.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     ASSERT_EQ(out[i].size(), 1u);
@@ -158,14 +158,14 @@ TEST(SplitIntoStripesTest, SplitsAcrossSegmentBoundariesWithCorrectOffsets) {
   // 3 segments of 10, 3 stripes of 10 bytes, but cut at 10/20 only if
   // aligned; use sizes that force mid-segment cuts.
   const std::vector<Segment> in = {{0, 100, 7}, {50, 200, 7}, {90, 300, 7}};  // 21 bytes
-  const auto out = SplitIntoStripes(in, 3);                                   // 7 each
+  const auto out = SplitIntoStripes(in, TotalBytes(in), 3);                   // 7 each
   ASSERT_EQ(out.size(), 3u);
   const std::vector<Segment> s0 = {{0, 100, 7}}, s1 = {{50, 200, 7}}, s2 = {{90, 300, 7}};
   EXPECT_EQ(out[0], s0);
   EXPECT_EQ(out[1], s1);
   EXPECT_EQ(out[2], s2);
 
-  const auto out2 = SplitIntoStripes(in, 2);  // 11 + 10
+  const auto out2 = SplitIntoStripes(in, TotalBytes(in), 2);  // 11 + 10
   ASSERT_EQ(out2.size(), 2u);
   const std::vector<Segment> a = {{0, 100, 7}, {50, 200, 4}};
   const std::vector<Segment> b = {{54, 204, 3}, {90, 300, 7}};
@@ -176,7 +176,7 @@ TEST(SplitIntoStripesTest, SplitsAcrossSegmentBoundariesWithCorrectOffsets) {
 
 TEST(SplitIntoStripesTest, FewerBytesThanParts) {
   const std::vector<Segment> in = {{0, 0, 3}};
-  const auto out = SplitIntoStripes(in, 8);
+  const auto out = SplitIntoStripes(in, TotalBytes(in), 8);
   EXPECT_EQ(out.size(), 3u);  // one byte each, no empty stripes
   CheckStripes(in, 8, out);
 }
@@ -184,7 +184,7 @@ TEST(SplitIntoStripesTest, FewerBytesThanParts) {
 TEST(SplitIntoStripesTest, OnePartOrZeroPartsKeepsTheList) {
   const std::vector<Segment> in = {{0, 0, 3}, {10, 10, 5}};
   for (size_t parts : {0, 1}) {
-    const auto out = SplitIntoStripes(in, parts);
+    const auto out = SplitIntoStripes(in, TotalBytes(in), parts);
     ASSERT_EQ(out.size(), 1u);
     EXPECT_EQ(out[0], in);
   }
@@ -193,14 +193,14 @@ TEST(SplitIntoStripesTest, OnePartOrZeroPartsKeepsTheList) {
 TEST(SplitIntoStripesTest, EmptyInputGivesOneStripe) {
   // A transfer with no bytes still yields exactly one (empty) request, so the
   // status ends through the normal path.
-  const auto out = SplitIntoStripes({}, 4);
+  const auto out = SplitIntoStripes({}, 0, 4);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(TotalBytes(out[0]), 0u);
 }
 
 TEST(SplitIntoStripesTest, ZeroSizeSegmentsDoNotCreateStripes) {
   const std::vector<Segment> in = {{0, 0, 0}, {0, 0, 8}, {100, 100, 0}, {8, 8, 8}, {200, 200, 0}};
-  const auto out = SplitIntoStripes(in, 2);
+  const auto out = SplitIntoStripes(in, TotalBytes(in), 2);
   ASSERT_EQ(out.size(), 2u);
   CheckStripes(in, 2, out);
 }
@@ -208,7 +208,7 @@ TEST(SplitIntoStripesTest, ZeroSizeSegmentsDoNotCreateStripes) {
 TEST(SplitIntoStripesTest, LargeSizesDoNotOverflow) {
   const uint64_t big = 1ULL << 62;
   const std::vector<Segment> in = {{0, 0, big}, {big, big, big - 1}};
-  const auto out = SplitIntoStripes(in, 3);
+  const auto out = SplitIntoStripes(in, TotalBytes(in), 3);
   ASSERT_EQ(out.size(), 3u);
   uint64_t sum = 0;
   for (const auto& s : out) sum += TotalBytes(s);
@@ -230,7 +230,7 @@ TEST(SplitIntoStripesTest, RandomizedProperties) {
       lo += sz + rng() % 3;
     }
     const size_t parts = rng() % 12;
-    const auto out = SplitIntoStripes(in, parts);
+    const auto out = SplitIntoStripes(in, TotalBytes(in), parts);
     CheckStripes(in, parts, out);
     if (HasFatalFailure()) {
       ADD_FAILURE() << "iteration " << iter << " parts " << parts << " segments " << n;

@@ -265,7 +265,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   }
   const size_t nqp = c.qps.size();
   const size_t nstripes = std::max<size_t>(1, std::min<uint64_t>(nqp, total / kMinStripeBytes));
-  auto stripes = SplitIntoStripes(segs, nstripes);
+  auto stripes = SplitIntoStripes(segs, total, nstripes);
   const size_t first_qp = c.next_qp.fetch_add(1) % nqp;
 
   struct Plan {

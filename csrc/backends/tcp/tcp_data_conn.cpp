@@ -2,9 +2,7 @@
 
 #include <cstring>
 
-#include <linux/sockios.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -390,8 +388,8 @@ void DataConn::OnSocketEvent(uint32_t events) {
   }
   // Bytes the peer acknowledged count as progress too: a request sent whole
   // into the socket buffer still drains over a slow link.
-  int unsent = 0;
-  if (::ioctl(sock_.fd(), SIOCOUTQ, &unsent) == 0 && unsent != last_unsent_) {
+  const size_t unsent = BytesUnsent(sock_.fd());
+  if (unsent != last_unsent_) {
     last_unsent_ = unsent;
     progress_ms_.store(SteadyMs());
   }

@@ -151,7 +151,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   std::deque<PartPtr> inflight_;  // sent or being sent, in wire order
   // Last byte moved in either direction (inactivity timeout, see TcpConfig).
   std::atomic<int64_t> progress_ms_{0};
-  int last_unsent_ = 0;  // SIOCOUTQ at the last idle report (loop thread only)
+  size_t last_unsent_ = 0;  // BytesUnsent at the last idle report (loop thread only)
   bool broken_ = false;
   bool broken_path_ = false;  // broken by a path failure (Break's path_failed)
   std::string broken_reason_;

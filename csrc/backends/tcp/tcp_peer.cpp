@@ -87,7 +87,7 @@ void TcpPeer::Submit(TransferOp op) {
   const auto threshold = static_cast<uint64_t>(cfg_.striping_threshold_bytes);
   uint64_t nparts = 1;
   if (total >= threshold && nconns > 1) nparts = std::min<uint64_t>(nconns, (total + threshold - 1) / threshold);
-  auto stripes = SplitIntoStripes(segs, nparts);
+  auto stripes = SplitIntoStripes(segs, total, nparts);
   auto tracker = std::make_shared<TransferTracker>(op.status, static_cast<uint32_t>(stripes.size()));
   const Deadline deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
   const uint64_t first = next_conn_.fetch_add(stripes.size(), std::memory_order_relaxed);
