@@ -38,6 +38,14 @@ def pattern(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
 
 
+def settle():
+    """Engine calls are host calls, not stream-ordered (README): the kernels
+    that filled a buffer (zeros, fill_, copy_, slice copies) must end, on
+    every GPU, before a transfer uses it, or they may land after its copy."""
+    for d in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(d)
+
+
 def wait_ok(status, timeout_ms=20000):
     code = status.WaitFor(timeout_ms)
     assert code == StatusCode.SUCCESS, f"{code!r}: {status.Message()}"

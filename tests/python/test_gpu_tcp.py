@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mori_torch
-from conftest import unique_key, wait_ok
+from conftest import settle, unique_key, wait_ok
 from mori_torch.io import (
     BackendType,
     EngineDesc,
@@ -32,13 +32,6 @@ def tcp_engine(prefix, **kw):
     kw.setdefault("staging_chunk_bytes", CHUNK)
     e.create_backend(BackendType.TCP, TcpBackendConfig(**kw))
     return e
-
-
-def settle():
-    """Engine calls are not stream-ordered (README): the kernels that filled
-    a buffer (zeros, fill_, slice copies) must end before a transfer uses it."""
-    for d in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(d)
 
 
 def rand_bytes(n, seed, device="cpu"):

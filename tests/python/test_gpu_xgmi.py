@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import unique_key, wait_ok
+from conftest import settle, unique_key, wait_ok
 from mori_torch.io import (
     BackendType,
     EngineDesc,
@@ -30,14 +30,6 @@ def xgmi_engine(prefix, tcp=False, **cfg):
     if tcp:
         e.create_backend(BackendType.TCP, TcpBackendConfig())
     return e
-
-
-def settle():
-    """Engine calls are not stream-ordered (README): the kernels that filled
-    a buffer (zeros, fill_, copy_) must end before a transfer uses it, or they
-    may land after the transfer's copy (seen on H100)."""
-    for d in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(d)
 
 
 def rand_bytes(n, dev, seed):

@@ -244,14 +244,17 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   // Segments: sorted and merged where contiguous, cut at the message limit
   // (or the chunk size), spread over the QPs by bytes.
   // Sorted into a copy where needed: the shared list stays as built for
-  // later attempts.
-  std::vector<Segment> segs;
+  // later attempts. A sorted list is merged only where that changes it
+  // (MergedView: scattered sorted pages are not copied).
+  std::vector<Segment> scratch;
+  const std::vector<Segment>* segs = &scratch;
   if (SortedByRemote(op.segs->segs)) {
-    segs = MergeContiguous(op.segs->segs);
+    segs = &MergedView(*op.segs, &scratch);
   } else {
-    segs = op.segs->segs;
-    std::sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
-    segs = MergeContiguous(segs);
+    std::vector<Segment> sorted = op.segs->segs;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
+    scratch = MergeContiguous(sorted);
   }
   const uint64_t total = op.segs->total_bytes;
   if (total == 0) {
@@ -265,7 +268,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   }
   const size_t nqp = c.qps.size();
   const size_t nstripes = std::max<size_t>(1, std::min<uint64_t>(nqp, total / kMinStripeBytes));
-  auto stripes = SplitIntoStripes(segs, total, nstripes);
+  auto stripes = SplitIntoStripes(*segs, total, nstripes);
   const size_t first_qp = c.next_qp.fetch_add(1) % nqp;
 
   struct Plan {
