@@ -232,6 +232,7 @@ MemoryDesc Engine::RegisterMemory(uint64_t ptr, int64_t size, int device_id, Mem
       d.device_bus_id = r.bus_id;
       // IPC handles name whole allocations: publish the base's handle and
       // where the range sits in it (torch's caching allocator sub-allocates).
+      gpu::DeviceScope on_device(r.device);  // the handle comes from the memory's context
       d.ipc_handle = gpu::IpcHandleOf(r.alloc_base);
       d.ipc_offset = ptr - r.alloc_base;
       d.numa_node = -1;

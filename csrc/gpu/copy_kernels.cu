@@ -140,7 +140,7 @@ void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, S
 }
 
 void WarmUpKernels(int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   // A zero-length launch still loads the module.
   SegmentCopyKernel<<<1, kThreads>>>(nullptr, 0);
   CheckLaunch("kernel warm-up");

@@ -101,7 +101,7 @@ DeviceRange DescribeDeviceRange(uint64_t ptr, uint64_t size) {
   }
   DeviceRange r;
   r.device = attr.device;
-  SetDevice(r.device);
+  DeviceScope on(r.device);
   AllocationOf(ptr, &r.alloc_base, &r.alloc_size);
   if (ptr + size > r.alloc_base + r.alloc_size) {
     throw Error(StatusCode::ERR_INVALID_ARGS, "register_memory: range [" + std::to_string(ptr) + ", +" +
@@ -126,7 +126,7 @@ IpcHandle IpcHandleOf(uint64_t alloc_base) {
 }
 
 uint64_t OpenIpcHandle(const IpcHandle& handle, int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   gpuIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
   void* p = nullptr;
@@ -135,31 +135,31 @@ uint64_t OpenIpcHandle(const IpcHandle& handle, int device) {
 }
 
 void CloseIpcHandle(uint64_t mapped_base, int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   Check(gpuIpcCloseMemHandle(reinterpret_cast<void*>(mapped_base)), "IpcCloseMemHandle");
 }
 
 Stream CreateStream(int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   gpuStream_t s;
   Check(gpuStreamCreateWithFlags(&s, gpuStreamNonBlocking), "StreamCreate");
   return s;
 }
 
 void DestroyStream(Stream s, int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   (void)gpuStreamDestroy(static_cast<gpuStream_t>(s));
 }
 
 Event CreateEvent(int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   gpuEvent_t e;
   Check(gpuEventCreateWithFlags(&e, gpuEventDisableTiming), "EventCreate");
   return e;
 }
 
 void DestroyEvent(Event e, int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   (void)gpuEventDestroy(static_cast<gpuEvent_t>(e));
 }
 
@@ -216,14 +216,14 @@ void CopyAsync(uint64_t dst, uint64_t src, uint64_t bytes, Stream s) {
 }
 
 void* DeviceAlloc(int device, size_t bytes) {
-  SetDevice(device);
+  DeviceScope on(device);
   void* p = nullptr;
   Check(gpuMalloc(&p, bytes), "Malloc");
   return p;
 }
 
 void DeviceFree(void* p, int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   (void)gpuFree(p);
 }
 
@@ -237,7 +237,7 @@ void EnablePeerAccess(int device, int peer) {
   static std::atomic<bool> enabled[kMax][kMax];
   const bool cacheable = device >= 0 && device < kMax && peer >= 0 && peer < kMax;
   if (cacheable && enabled[device][peer].load(std::memory_order_acquire)) return;
-  SetDevice(device);
+  DeviceScope on(device);
   gpuError_t e = gpuDeviceEnablePeerAccess(peer, 0);
   if (e != gpuSuccess && e != gpuErrorPeerAccessAlreadyEnabled) Check(e, "DeviceEnablePeerAccess");
   (void)gpuGetLastError();
@@ -248,6 +248,14 @@ int CurrentDevice() {
   int d = 0;
   Check(gpuGetDevice(&d), "GetDevice");
   return d;
+}
+
+DeviceScope::DeviceScope(int device) : prev_(CurrentDevice()), device_(device) {
+  if (prev_ != device_) SetDevice(device_);
+}
+
+DeviceScope::~DeviceScope() {
+  if (prev_ != device_) (void)gpuSetDevice(prev_);  // restoring a device that was current cannot fail
 }
 
 void* PinnedAlloc(size_t bytes, int numa_node) {
@@ -368,6 +376,11 @@ uint64_t DevicePointerOfPinned(void*) { NoGpu("DevicePointerOfPinned"); }
 void EnablePeerAccess(int, int) { NoGpu("EnablePeerAccess"); }
 void SetDevice(int) { NoGpu("SetDevice"); }
 int CurrentDevice() { return -1; }
+DeviceScope::DeviceScope(int device) : device_(device) {
+  (void)prev_;  // fields of the GPU build
+  (void)device_;
+}
+DeviceScope::~DeviceScope() {}
 
 #endif
 

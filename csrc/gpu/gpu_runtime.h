@@ -108,5 +108,22 @@ void EnablePeerAccess(int device, int peer);
 void SetDevice(int device);
 int CurrentDevice();
 
+// Makes `device` current on this thread for the scope and restores the
+// previous device after. Pinning host memory acts on the current device's
+// context, and an engine thread still at device 0 would create a context
+// there: hundreds of MiB on a GPU the process may never use, and a failure
+// when that GPU is full. A no-op without GPU support.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+  int device_ = -1;
+};
+
 }  // namespace gpu
 }  // namespace mori_torch

@@ -112,7 +112,7 @@ void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, in
         c.list[k] = {to_chunk ? host : dev, to_chunk ? dev : host, std::min(kEntryBytes, p.bytes - off)};
       }
     }
-    SetDevice(device);
+    DeviceScope on(device);
     LaunchSegmentCopy(reinterpret_cast<const CopySegment*>(c.list_dev_ptr), static_cast<uint32_t>(k), l.stream);
   } else {
     const uint64_t host = reinterpret_cast<uint64_t>(c.ptr);
@@ -151,6 +151,7 @@ std::unique_ptr<StagingSet> StagingPool::Take(int device) {
       return s;
     }
   }
+  DeviceScope on(device);  // the pinning below acts on the current device's context
   return std::make_unique<StagingSet>(chunk_bytes_, depth_, NumaNodeOf(device));
 }
 

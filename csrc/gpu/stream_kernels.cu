@@ -165,7 +165,7 @@ void LaunchFlagWaitKernel(Stream s, const uint32_t* device_flag, uint32_t value)
 }
 
 void WarmUpStreamKernels(int device) {
-  SetDevice(device);
+  DeviceScope on(device);
   // Zero-work launches load the module (lazy loading would otherwise load it
   // at a first launch that can sit behind a pending stream wait). No sync:
   // another stream may be held by a wait right now. A stream of its own, not

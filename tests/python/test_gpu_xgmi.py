@@ -612,3 +612,40 @@ def test_owner_deregistering_in_one_process_is_revoked_too():
     assert int(remote.sum()) == 0
     a.shutdown()
     b.shutdown()
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs: the caller's device must differ from the memory's")
+def test_calls_leave_the_callers_device_alone():
+    """torch reads the calling thread's current device (torch.empty(device="cuda")
+    allocates there): registering memory of cuda:0, the first transfers (which
+    set up that GPU's streams), batches, an engine-level group and a stream
+    handle leave a caller on cuda:1 on cuda:1."""
+    from mori_torch import ops
+
+    torch.cuda.set_device(1)
+    try:
+        a, b, local, remote, ld, rd = _pair_with("same-device")
+        assert torch.cuda.current_device() == 1
+        local.copy_(rand_bytes(local.numel(), local.device, 3))
+        settle()
+        wait_ok(a.write(ld, 0, rd, 0, 4096, a.allocate_transfer_uid()))
+        assert torch.cuda.current_device() == 1
+        sess = a.create_session(ld, rd)
+        wait_ok(sess.batch_write([i * 4096 for i in range(16)], [(15 - i) * 4096 for i in range(16)], [4096] * 16,
+                                 sess.allocate_transfer_uid()))
+        assert torch.cuda.current_device() == 1
+        settle()
+        assert torch.equal(remote[:16 * 4096].cpu().view(16, 4096), local[:16 * 4096].cpu().view(16, 4096).flip(0))
+        for st in a.batch_read([ld, ld], [[0], [4096]], [rd, rd], [[0], [8192]], [[64], [64]],
+                               [a.allocate_transfer_uid(), a.allocate_transfer_uid()]):
+            wait_ok(st)
+        assert torch.cuda.current_device() == 1
+        h = ops.session_handle(sess)
+        assert torch.cuda.current_device() == 1
+        ops.release_session_handle(h)
+        settle()
+        assert torch.equal(local[4096:4096 + 64].cpu(), remote[8192:8192 + 64].cpu())
+        a.shutdown()
+        b.shutdown()
+    finally:
+        torch.cuda.set_device(0)

@@ -410,7 +410,7 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     DeviceContext& dc = Device(dev);
     lane = dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()].get();
     std::lock_guard<std::mutex> lk(lane->mu);
-    gpu::SetDevice(dev);
+    gpu::DeviceScope on_device(dev);  // restores the caller's device: torch reads it
     if (KernelSuits(segments, total)) {
       EnqueueKernel(dc, *lane, sources, segments, total);
     } else {
