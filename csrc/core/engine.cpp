@@ -372,7 +372,7 @@ StatusPtr Engine::Prepare(bool is_read, const MemoryDesc& local, const MemoryDes
                           TransferPath* path) {
   auto status = MakeStatus();
   std::string msg;
-  auto segs = std::make_shared<SegmentBatch>();
+  auto segs = NewSegmentBatch();
   StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local, remote, segs.get(), &msg);
   Route route;
   if (c == StatusCode::SUCCESS) c = Resolve(local, remote, &route, &msg);

@@ -1,6 +1,7 @@
 #include "core/segments.h"
 
 #include <algorithm>
+#include <mutex>
 
 namespace mori_torch {
 
@@ -43,6 +44,43 @@ void MergeInPlace(std::vector<Segment>* segs) {
 }
 
 }  // namespace
+
+namespace {
+
+class BatchPool {
+ public:
+  std::unique_ptr<SegmentBatch> Take() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_.empty()) return std::make_unique<SegmentBatch>();
+    std::unique_ptr<SegmentBatch> b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void Give(SegmentBatch* b) {
+    std::unique_ptr<SegmentBatch> owned(b);
+    // Larger lists are rare and would pin their memory: they are freed.
+    if (b->segs.capacity() > kMaxPooledEntries) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_.size() < kMaxPooled) free_.push_back(std::move(owned));
+  }
+
+ private:
+  static constexpr size_t kMaxPooled = 8;
+  static constexpr size_t kMaxPooledEntries = size_t{1} << 17;  // 3 MiB of segments
+  std::mutex mu_;
+  std::vector<std::unique_ptr<SegmentBatch>> free_;
+};
+
+}  // namespace
+
+std::shared_ptr<SegmentBatch> NewSegmentBatch() {
+  // Never destroyed: batches may be let go during static destruction.
+  static BatchPool* const pool = new BatchPool();
+  std::unique_ptr<SegmentBatch> b = pool->Take();
+  b->total_bytes = b->max_bytes = 0;
+  b->mergeable = false;
+  return std::shared_ptr<SegmentBatch>(b.release(), [](SegmentBatch* p) { pool->Give(p); });
+}
 
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
   std::vector<Segment> out = segs;

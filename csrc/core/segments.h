@@ -25,11 +25,18 @@ struct Segment {
 struct SegmentBatch {
   std::vector<Segment> segs;
   uint64_t total_bytes = 0;
+  uint64_t max_bytes = 0;  // the largest segment's size
   // MergeContiguous would change the list: some segment is empty or
   // continues its predecessor on both sides. Scattered pages: false.
   bool mergeable = false;
 };
 using SharedSegments = std::shared_ptr<const SegmentBatch>;
+
+// An empty batch to fill, from a small process-wide pool: a list that was
+// built before is reused (its memory mapped and warm, and BuildSegments'
+// resize initializes nothing when it does not grow) once its last holder
+// lets go. Pooled lists are bounded in number and in size.
+std::shared_ptr<SegmentBatch> NewSegmentBatch();
 
 uint64_t TotalBytes(const std::vector<Segment>& segs);
 

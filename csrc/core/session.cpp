@@ -20,7 +20,7 @@ StatusPtr Session::SubmitVia(const std::shared_ptr<LocalMemory>& local, bool is_
   }
   TransferOp op;
   std::string msg;
-  auto segs = std::make_shared<SegmentBatch>();
+  auto segs = NewSegmentBatch();
   StatusCode c = BuildSegments(local_offsets, remote_offsets, sizes, local->desc, remote_, segs.get(), &msg);
   op.segs = std::move(segs);
   if (c != StatusCode::SUCCESS) {

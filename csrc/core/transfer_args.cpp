@@ -27,7 +27,7 @@ std::string DescribeFirstBadSegment(Int64Span lo_s, Int64Span ro_s, Int64Span sz
 StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, const MemoryDesc& local,
                          const MemoryDesc& remote, SegmentBatch* out, std::string* msg) {
   const size_t n = sizes.size;
-  out->total_bytes = 0;
+  out->total_bytes = out->max_bytes = 0;
   out->mergeable = false;
   if (local_offsets.size != n || remote_offsets.size != n) {
     out->segs.clear();
@@ -41,11 +41,13 @@ StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int6
   const int64_t* ro = remote_offsets.data;
   const int64_t* sz = sizes.data;
   const uint64_t lsize = local.size, rsize = remote.size;
+  // A reused list (NewSegmentBatch) keeps its size: shrinking or keeping it
+  // initializes nothing, and every entry is written below.
   // Branch-free: a negative value sets the top bit of `neg`; with all three
   // non-negative (< 2^63) the sums cannot wrap, so `over` is exact. `joins`
   // notes an empty segment or one that continues its predecessor (the
   // predecessor's ends start out unequal to any first segment's offsets).
-  uint64_t neg = 0, total = 0;
+  uint64_t neg = 0, total = 0, largest = 0;
   bool over = false, joins = false;
   uint64_t prev_lend = ~uint64_t{0}, prev_rend = ~uint64_t{0};
   for (size_t i = 0; i < n; ++i) {
@@ -56,6 +58,7 @@ StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int6
     prev_lend = l + s;
     prev_rend = r + s;
     total += s;
+    largest = s > largest ? s : largest;
     o[i] = {l, r, s};
   }
   if ((neg >> 63) != 0 || over) {
@@ -64,6 +67,7 @@ StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int6
     return StatusCode::ERR_INVALID_ARGS;
   }
   out->total_bytes = total;
+  out->max_bytes = largest;
   out->mergeable = joins;
   return StatusCode::SUCCESS;
 }

@@ -73,11 +73,12 @@ __device__ __forceinline__ void CopySegmentByGroup(const CopySegment& seg, uint3
   CopyBytes(dst + n * 16, src + n * 16, bytes & 15, lane);
 }
 
-__global__ void __launch_bounds__(kThreads) SegmentCopyKernel(const CopySegment* segs, uint32_t count) {
+__global__ void __launch_bounds__(kThreads) SegmentCopyKernel(const CopySegment* segs, uint32_t count, SegmentBases b) {
   const uint32_t lane = threadIdx.x % kGroup;
   const uint32_t stride = gridDim.x * kGroupsPerBlock;
   for (uint32_t i = blockIdx.x * kGroupsPerBlock + threadIdx.x / kGroup; i < count; i += stride) {
-    CopySegmentByGroup(segs[i], lane);
+    const CopySegment e = segs[i];
+    CopySegmentByGroup({b.dst_base + (b.swap ? e.src : e.dst), b.src_base + (b.swap ? e.dst : e.src), e.bytes}, lane);
   }
 }
 
@@ -114,14 +115,14 @@ uint32_t ResidentBlocks(int device) {
 
 uint32_t SegmentCopyResidentGroups(int device) { return ResidentBlocks(device) * kGroupsPerBlock; }
 
-void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s) {
+void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, SegmentBases bases) {
   if (count == 0) return;
   // Enough blocks to fill the device once; the groups then stride over the
   // list (no block scheduling per segment).
   const uint32_t want = (count + kGroupsPerBlock - 1) / kGroupsPerBlock;
   const uint32_t cap = ResidentBlocks(CurrentDevice());
   const uint32_t blocks = want < cap ? want : cap;
-  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count);
+  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count, bases);
   CheckLaunch("segment copy kernel launch");
 }
 
@@ -142,7 +143,7 @@ void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, S
 void WarmUpKernels(int device) {
   DeviceScope on(device);
   // A zero-length launch still loads the module.
-  SegmentCopyKernel<<<1, kThreads>>>(nullptr, 0);
+  SegmentCopyKernel<<<1, kThreads>>>(nullptr, 0, SegmentBases{});
   CheckLaunch("kernel warm-up");
   InlineSegments none{};
   InlineSegmentCopyKernel<<<1, kThreads>>>(none);

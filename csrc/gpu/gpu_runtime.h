@@ -71,11 +71,21 @@ struct CopySegment {
   uint64_t bytes;
 };
 static_assert(sizeof(CopySegment) == 24, "CopySegment layout is shared with the kernel");
+// How the kernel reads a list entry: with zero bases (the default) `dst` and
+// `src` are addresses; otherwise they are offsets that the kernel adds to
+// the bases, and `swap` makes the entry's second field the destination. A
+// core Segment (local offset, remote offset, bytes) is then uploaded as it
+// is: a read's destination is the local memory, a write's the remote one.
+struct SegmentBases {
+  uint64_t dst_base = 0;
+  uint64_t src_base = 0;
+  bool swap = false;
+};
 // Launches one gather/scatter kernel over `count` segments listed at
 // `device_segments` (device memory), on `s` (a stream of the current device).
 // Each segment is copied by one group of threads: callers split large
 // segments (see SegmentCopyResidentGroups) so that the groups share the work.
-void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s);
+void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, SegmentBases bases = {});
 // Up to this many segments travel in the launch's parameters instead: no
 // upload of a list, for single and few-segment transfers.
 constexpr uint32_t kInlineSegments = 16;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +39,51 @@ TEST(BuildSegmentsTest, CopiesValidSegmentsInOrderUpToTheLastByte) {
   EXPECT_EQ(out.segs[1].local_off, 96u);   // ends exactly at the local end
   EXPECT_EQ(out.segs[2].remote_off, 90u);  // ends exactly at the remote end
   EXPECT_EQ(out.segs[2].size, 10u);
+}
+
+TEST(BuildSegmentsTest, ReportsTheTotalAndTheLargestSegment) {
+  Args a{{0, 10, 40}, {0, 20, 60}, {10, 30, 5}};
+  SegmentBatch out;
+  std::string msg;
+  ASSERT_EQ(Build(a, 100, 100, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_EQ(out.total_bytes, 45u);
+  EXPECT_EQ(out.max_bytes, 30u);
+}
+
+// A pooled batch comes back reset, and a list built into one that held more
+// entries before has exactly the new entries (nothing left of the old ones).
+TEST(BuildSegmentsTest, APooledBatchIsReusedAndRebuiltExactly) {
+  std::string msg;
+  const SegmentBatch* first = nullptr;
+  {
+    std::shared_ptr<SegmentBatch> b = NewSegmentBatch();
+    Args big{{0, 8, 16, 24}, {24, 16, 8, 0}, {8, 8, 8, 8}};
+    ASSERT_EQ(Build(big, 32, 32, b.get(), &msg), StatusCode::SUCCESS) << msg;
+    first = b.get();
+  }
+  std::shared_ptr<SegmentBatch> again = NewSegmentBatch();
+  EXPECT_EQ(again.get(), first);  // the list let go last is taken first
+  EXPECT_EQ(again->total_bytes, 0u);
+  EXPECT_EQ(again->max_bytes, 0u);
+  EXPECT_FALSE(again->mergeable);
+  Args small{{4, 20}, {0, 8}, {2, 4}};
+  ASSERT_EQ(Build(small, 32, 32, again.get(), &msg), StatusCode::SUCCESS) << msg;
+  ASSERT_EQ(again->segs.size(), 2u);
+  EXPECT_EQ(again->segs[0].local_off, 4u);
+  EXPECT_EQ(again->segs[1].remote_off, 8u);
+  EXPECT_EQ(again->segs[1].size, 4u);
+  EXPECT_EQ(again->total_bytes, 6u);
+  EXPECT_EQ(again->max_bytes, 4u);
+  // Two batches held at once are two lists.
+  std::shared_ptr<SegmentBatch> other = NewSegmentBatch();
+  EXPECT_NE(other.get(), again.get());
+}
+
+TEST(BuildSegmentsTest, AHugeBatchIsNotKeptInThePool) {
+  NewSegmentBatch()->segs.resize(size_t{1} << 18);  // above the pool's bound, then let go
+  std::vector<std::shared_ptr<SegmentBatch>> taken;
+  for (int i = 0; i < 16; ++i) taken.push_back(NewSegmentBatch());
+  for (const auto& b : taken) EXPECT_LE(b->segs.capacity(), size_t{1} << 17);
 }
 
 TEST(BuildSegmentsTest, ScalarAndRawArraySpans) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 
 #include "base/config_table.h"
@@ -254,6 +255,15 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     }
   }
   std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
+  // One transfer whose segments need no cutting goes up as the engine
+  // validated it: offsets, to which the kernel adds the two bases. Its list
+  // is copied chunk by chunk, not rewritten entry by entry.
+  static_assert(sizeof(Segment) == sizeof(gpu::CopySegment) && offsetof(Segment, local_off) == 0 &&
+                    offsetof(Segment, remote_off) == 8 && offsetof(Segment, size) == 16,
+                "a Segment is uploaded as a CopySegment of offsets");
+  const bool as_offsets = sources.size() == 1 && sources.front().max_bytes <= piece;
+  gpu::SegmentBases bases;
+  if (as_offsets) bases = {sources.front().dst_base, sources.front().src_base, !sources.front().is_read};
   // Chunks grow 4x from a small first one: the GPU starts after a few
   // microseconds of host work, and later chunks are built while it copies.
   constexpr size_t kFirstChunk = 1024;
@@ -265,27 +275,37 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
                    n * sizeof(gpu::CopySegment), lane.upload);
     gpu::RecordEvent(list->chunk_uploaded, lane.upload);
     gpu::StreamWaitEvent(lane.stream, list->chunk_uploaded);
-    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n), lane.stream);
+    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n), lane.stream, bases);
     launched = written;
     chunk *= 4;
   };
   try {
     // The device half may be rewritten once the kernels that last read it ran.
     gpu::StreamWaitEvent(lane.upload, list->consumed);
-    for (const CopySource& src : sources) {
-      const uint64_t dst_base = src.dst_base, src_base = src.src_base;
-      const bool is_read = src.is_read;
-      for (const Segment& s : *src.segs) {
-        const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-        const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
-        if (s.size <= piece) {
-          host[written++] = {d, r, s.size};
-        } else {
-          for (uint64_t off = 0; off < s.size; off += piece) {
-            host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+    if (as_offsets) {
+      const Segment* segs = sources.front().segs->data();
+      while (written < segments) {
+        const size_t n = std::min(chunk, segments - written);
+        std::memcpy(static_cast<void*>(host + written), segs + written, n * sizeof(Segment));
+        written += n;
+        flush();
+      }
+    } else {
+      for (const CopySource& src : sources) {
+        const uint64_t dst_base = src.dst_base, src_base = src.src_base;
+        const bool is_read = src.is_read;
+        for (const Segment& s : *src.segs) {
+          const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
+          const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+          if (s.size <= piece) {
+            host[written++] = {d, r, s.size};
+          } else {
+            for (uint64_t off = 0; off < s.size; off += piece) {
+              host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
+            }
           }
+          if (written - launched >= chunk) flush();
         }
-        if (written - launched >= chunk) flush();
       }
     }
     if (written > launched) flush();
@@ -366,10 +386,12 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
       }
       const std::vector<Segment>& segs = MergedView(*op.segs, &merged[handed]);
       const uint64_t local_base = op.local->desc.data, remote_base = ops[handed].remote_base;
-      Prepared p{op.status,
-                 std::move(use),
-                 {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read},
-                 op.segs->total_bytes};
+      const uint64_t max_bytes = &segs == &op.segs->segs ? op.segs->max_bytes : UINT64_MAX;
+      Prepared p{
+          op.status,
+          std::move(use),
+          {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read, max_bytes},
+          op.segs->total_bytes};
       // The kernel takes the transfers it would take one by one, together;
       // the others (few or large segments: the copy engines) each go alone.
       if (ops.size() > 1 && KernelSuits(segs.size(), op.segs->total_bytes)) {

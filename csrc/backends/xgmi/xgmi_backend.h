@@ -189,6 +189,7 @@ class XgmiBackend : public Backend {
     uint64_t dst_base;
     uint64_t src_base;
     bool is_read;
+    uint64_t max_bytes;  // of *segs' entries (unknown for a merged list: UINT64_MAX)
   };
   // A transfer ready to enqueue: its local memory held, its segments placed.
   struct Prepared {
