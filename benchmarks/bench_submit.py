@@ -6,9 +6,10 @@ loopback on host memory (any machine), or XGMI on cuda:0 (--backend xgmi).
 
 Host cost = the time the submitting call takes (not the transfer), per
 segment, median over repeats; the same batch as int64 tensors is the
-baseline of the same run. Bytes are checked once per form. Last, one
-segment's write: the call time of the engine-level write against the
-session's, median over 3 alternating rounds; and one poll of a status
+baseline of the same run. Each row also gives the minor page faults per
+call (memory that the kernel maps in again on every call shows there).
+Bytes are checked once per form. Last, one segment's write: the call time
+of the engine-level write against the session's, median over 3 alternating rounds; and one poll of a status
 (`Succeeded()`) through mori_torch.io against TorchScript's method call.
 
     python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
@@ -18,6 +19,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import sys
 import time
@@ -40,8 +42,12 @@ def forms(lo, ro, sizes):
     }
 
 
+FAULTS = {}  # minor page faults per call of the last timed() run
+
+
 def timed(fn, repeats):
     times = []
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(repeats):
         t0 = time.perf_counter_ns()
         st = fn()
@@ -49,6 +55,7 @@ def timed(fn, repeats):
         for s in st if isinstance(st, list) else [st]:
             s.Wait()
             assert s.Succeeded(), s.Message()
+    FAULTS["last"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / repeats
     return statistics.median(times[2:])
 
 
@@ -91,10 +98,11 @@ def main():
     def record(kind, form, ns, base_ns, segments):
         r = dict(backend=args.backend, kind=kind, form=form, segments=segments, segment_bytes=seg,
                  call_us=ns / 1e3, ns_per_segment=ns / segments, baseline="the same batch as int64 tensors",
-                 baseline_ns_per_segment=base_ns / segments, ratio_to_tensors=base_ns / ns, machine=machine)
+                 baseline_ns_per_segment=base_ns / segments, ratio_to_tensors=base_ns / ns,
+                 minor_faults_per_call=FAULTS["last"], machine=machine)
         records.append(r)
         print(f"{kind:>7} {form:>19}: {ns / segments:6.1f} ns/segment (tensors {base_ns / segments:.1f}), "
-              f"call {ns / 1e3:8.1f} us", flush=True)
+              f"call {ns / 1e3:8.1f} us, {FAULTS['last']:.1f} page faults/call", flush=True)
 
     # Session batch: one memory pair, n segments.
     base = None

@@ -4,8 +4,8 @@
 // Its Python functions: log_route/log_drain hand native log lines to
 // Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
 // that serving engines pass into int64 tensors in one pass in C (a few ns
-// per entry), since the TorchScript boundary converts a List[int] at about
-// 20 ns per entry; status_code polls a status (torch/status_poll.h);
+// per entry, into reused buffers: torch/int64_buffers.h), since the
+// TorchScript boundary converts a List[int] at about 20 ns per entry; status_code polls a status (torch/status_poll.h);
 // config_table hands the settings table to mori_torch.config.
 // The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
 // that nothing is generated into the source tree at build time.
@@ -20,6 +20,7 @@
 #include "core/logging.h"
 
 #include "base/config_table.h"
+#include "torch/int64_buffers.h"
 #include "torch/status_poll.h"
 
 namespace {
@@ -78,7 +79,7 @@ PyObject* Int64Tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor t = mori_torch::bind::PooledInt64Tensor(static_cast<int64_t>(n));
   int64_t* out = t.data_ptr<int64_t>();
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* item = PySequence_Fast_GET_ITEM(seq, i);

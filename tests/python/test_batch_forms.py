@@ -87,6 +87,29 @@ def test_numpy_int64_arrays_and_tensors_are_not_copied():
     assert int64s("offsets", t) is t
 
 
+def test_converted_lists_reuse_memory_but_never_share_it():
+    """Lists land in pooled buffers (no fresh 128 KiB allocation per list and
+    call): a buffer comes back once its tensor is freed, and tensors alive at
+    the same time never share memory, whatever their sizes."""
+    a = int64s("offsets", list(range(1000)))
+    b = int64s("offsets", list(range(5000, 6000)))
+    assert a.data_ptr() != b.data_ptr()
+    assert torch.equal(a, torch.arange(1000)) and torch.equal(b, torch.arange(5000, 6000))
+    ptr = a.data_ptr()
+    del a
+    c = int64s("offsets", [7] * 1000)
+    assert c.data_ptr() == ptr  # the freed buffer, reused
+    live = [int64s("offsets", [i] * (100 + 37 * i)) for i in range(40)]  # more than the pool keeps
+    assert len({t.data_ptr() for t in live}) == len(live)
+    for i, t in enumerate(live):
+        assert t.numel() == 100 + 37 * i and bool((t == i).all())
+    assert torch.equal(b, torch.arange(5000, 6000)) and bool((c == 7).all())
+    big = int64s("offsets", list(range(300_000)))  # past the pooled size: a plain tensor
+    assert torch.equal(big, torch.arange(300_000))
+    empty = int64s("offsets", [])
+    assert empty.numel() == 0 and empty.dtype == torch.int64
+
+
 def test_list_values_of_every_width_convert_exactly():
     """One-digit, multi-digit (byte offsets past 2^30 take another path) and
     negative ints, numpy scalars (through __index__), bools, tuples."""
