@@ -9,8 +9,9 @@ segment, median over repeats; the same batch as int64 tensors is the
 baseline of the same run. Each row also gives the minor page faults per
 call (memory that the kernel maps in again on every call shows there).
 Bytes are checked once per form. Last, one segment's write: the call time
-of the engine-level write against the session's, median over 3 alternating rounds; and one poll of a status
-(`Succeeded()`) through mori_torch.io against TorchScript's method call.
+of the engine-level write against the session's, median over 3
+alternating rounds; and one poll of a status (`Succeeded()`) through
+mori_torch.io against TorchScript's method call.
 
     python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
 """
