@@ -80,7 +80,9 @@ gpu_sources = sources("csrc/gpu/*.cu") if gpu else []
 if not re.fullmatch(r"[0-9A-Za-z.+]+", torch.__version__):
     sys.exit(f"error: cannot record torch version {torch.__version__!r} in the build (unexpected characters)")
 define_macros = [("MORI_WITH_GPU", "1" if gpu else "0"), ("MORI_TORCH_BUILT_AGAINST", torch.__version__)]
-extra_compile_args = {"cxx": ["-O2", "-Wno-unused-parameter"]}
+# -fopenmp-simd: `#pragma omp simd` loops only (no OpenMP runtime), see
+# csrc/core/transfer_args.cpp.
+extra_compile_args = {"cxx": ["-O2", "-fopenmp-simd", "-Wno-unused-parameter"]}
 if with_cuda:
     extra_compile_args["nvcc"] = ["-O2"]
 

@@ -2,6 +2,7 @@
 // scalars or raw arrays) and the message it gives for the first bad segment.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -160,6 +161,45 @@ TEST(BuildSegmentsTest, RandomizedAgreesWithPerSegmentChecks) {
   }
 }
 
+// One bad value anywhere in a long list (every lane and the tail of the
+// vectorized pass) is found and named; huge valid offsets do not wrap.
+TEST(BuildSegmentsTest, LongListsFindTheirOneBadSegmentAnywhere) {
+  const int n = 1000;
+  const uint64_t big = uint64_t{1} << 62;
+  for (int pos : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 500, 501, 502, 503, 995, 996, 997, 998, 999}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      Args a;
+      for (int i = 0; i < n; ++i) {
+        a.lo.push_back(static_cast<int64_t>(big) + 4096 * static_cast<int64_t>(i));
+        a.ro.push_back(4096 * static_cast<int64_t>(n - 1 - i));
+        a.sz.push_back(4096);
+      }
+      if (kind == 0) a.lo[pos] = -4096;
+      if (kind == 1) a.sz[pos] = -1;
+      if (kind == 2) a.ro[pos] = 4096 * n - 4095;                      // one byte past the remote end
+      if (kind == 3) a.lo[pos] = std::numeric_limits<int64_t>::max();  // would wrap if added unchecked
+      SegmentBatch out;
+      std::string msg;
+      ASSERT_EQ(Build(a, big + 4096 * n, 4096 * n, &out, &msg), StatusCode::ERR_INVALID_ARGS)
+          << "position " << pos << ", kind " << kind;
+      EXPECT_NE(msg.find("segment " + std::to_string(pos)), std::string::npos) << msg;
+      EXPECT_TRUE(out.segs.empty());
+    }
+  }
+  Args ok;
+  for (int i = 0; i < n; ++i) {
+    ok.lo.push_back(static_cast<int64_t>(big) + 4096 * static_cast<int64_t>(i));
+    ok.ro.push_back(4096 * static_cast<int64_t>(i));
+    ok.sz.push_back(4096);
+  }
+  SegmentBatch out;
+  std::string msg;
+  ASSERT_EQ(Build(ok, big + 4096 * n, 4096 * n, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_EQ(out.total_bytes, 4096u * n);
+  EXPECT_EQ(out.max_bytes, 4096u);
+  EXPECT_TRUE(out.mergeable);  // every page continues the previous one on both sides
+}
+
 bool SameSegments(const std::vector<Segment>& a, const std::vector<Segment>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -201,7 +241,8 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
   std::mt19937_64 rng(11);
   for (int iter = 0; iter < 3000; ++iter) {
     Args a;
-    const int n = rng() % 10;
+    // Short lists, and lists long enough for the vectorized pass's body.
+    const int n = iter % 4 == 0 ? static_cast<int>(rng() % 300) : static_cast<int>(rng() % 10);
     for (int i = 0; i < n; ++i) {
       const int64_t sz = rng() % 5 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 16);
       if (i > 0 && rng() % 3 == 0) {  // continue the previous segment on one or both sides
@@ -217,6 +258,15 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
     std::string msg;
     ASSERT_EQ(Build(a, 1024, 1024, &out, &msg), StatusCode::SUCCESS) << msg;
     EXPECT_EQ(out.total_bytes, TotalBytes(out.segs));
+    ASSERT_EQ(out.segs.size(), static_cast<size_t>(n));
+    uint64_t largest = 0;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(out.segs[i].local_off, static_cast<uint64_t>(a.lo[i]));
+      ASSERT_EQ(out.segs[i].remote_off, static_cast<uint64_t>(a.ro[i]));
+      ASSERT_EQ(out.segs[i].size, static_cast<uint64_t>(a.sz[i]));
+      largest = std::max(largest, static_cast<uint64_t>(a.sz[i]));
+    }
+    EXPECT_EQ(out.max_bytes, largest);
     const std::vector<Segment> merged = MergeContiguous(out.segs);
     EXPECT_EQ(out.mergeable, !SameSegments(merged, out.segs)) << "iteration " << iter;
     std::vector<Segment> scratch;
