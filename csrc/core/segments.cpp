@@ -47,8 +47,24 @@ void MergeInPlace(std::vector<Segment>* segs) {
 
 namespace {
 
+// Sanitizer builds pool nothing (SegmentBatchesPooled).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kPoolBatches = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kPoolBatches = false;
+#else
+constexpr bool kPoolBatches = true;
+#endif
+#else
+constexpr bool kPoolBatches = true;
+#endif
+
 class BatchPool {
  public:
+  // Room for every list kept: giving one back (in a deleter) never allocates.
+  BatchPool() { free_.reserve(kMaxPooled); }
+
   std::unique_ptr<SegmentBatch> Take() {
     std::lock_guard<std::mutex> lk(mu_);
     if (free_.empty()) return std::make_unique<SegmentBatch>();
@@ -59,7 +75,7 @@ class BatchPool {
   void Give(SegmentBatch* b) {
     std::unique_ptr<SegmentBatch> owned(b);
     // Larger lists are rare and would pin their memory: they are freed.
-    if (b->segs.capacity() > kMaxPooledEntries) return;
+    if (!kPoolBatches || b->segs.capacity() > kMaxPooledEntries) return;
     std::lock_guard<std::mutex> lk(mu_);
     if (free_.size() < kMaxPooled) free_.push_back(std::move(owned));
   }
@@ -72,6 +88,8 @@ class BatchPool {
 };
 
 }  // namespace
+
+bool SegmentBatchesPooled() { return kPoolBatches; }
 
 std::shared_ptr<SegmentBatch> NewSegmentBatch() {
   // Never destroyed: batches may be let go during static destruction.

@@ -37,6 +37,9 @@ using SharedSegments = std::shared_ptr<const SegmentBatch>;
 // resize initializes nothing when it does not grow) once its last holder
 // lets go. Pooled lists are bounded in number and in size.
 std::shared_ptr<SegmentBatch> NewSegmentBatch();
+// False in sanitizer builds, which pool nothing (a recycled list would hide
+// a use after free).
+bool SegmentBatchesPooled();
 
 uint64_t TotalBytes(const std::vector<Segment>& segs);
 

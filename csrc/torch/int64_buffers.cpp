@@ -1,7 +1,12 @@
 #include "torch/int64_buffers.h"
 
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
+
+#include <cstddef>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 namespace mori_torch {
@@ -15,6 +20,9 @@ constexpr size_t kMaxEntries = size_t{1} << 17;
 
 class Int64BufferPool {
  public:
+  // Room for every buffer kept: giving one back (in a deleter) never allocates.
+  Int64BufferPool() { free_.reserve(kMaxPooled); }
+
   // A buffer of at least n entries (n <= kMaxEntries): the smallest free one
   // that fits, else a new one sized to the next power of two (at least 1024).
   int64_t* Take(size_t n, size_t* cap) {
@@ -27,8 +35,7 @@ class Int64BufferPool {
       }
       if (best < free_.size()) {
         Buf b = std::move(free_[best]);
-        free_[best] = std::move(free_.back());
-        free_.pop_back();
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));  // keeps the order given back
         *cap = b.cap;
         return b.p.release();
       }
@@ -59,6 +66,17 @@ Int64BufferPool& Pool() {
   return *pool;
 }
 
+// A lent buffer: the context of its tensor's DataPtr.
+struct Lent {
+  int64_t* p;
+  size_t cap;
+};
+
+void GiveBack(void* ctx) {
+  std::unique_ptr<Lent> lent(static_cast<Lent*>(ctx));
+  Pool().Give(lent->p, lent->cap);
+}
+
 }  // namespace
 
 at::Tensor PooledInt64Tensor(int64_t n) {
@@ -66,13 +84,20 @@ at::Tensor PooledInt64Tensor(int64_t n) {
   if (n <= 0 || static_cast<size_t>(n) > kMaxEntries) return at::empty({n}, opts);
   size_t cap = 0;
   int64_t* p = Pool().Take(static_cast<size_t>(n), &cap);
-  try {
-    return at::from_blob(
-        p, {n}, [cap](void* q) { Pool().Give(static_cast<int64_t*>(q), cap); }, opts);
-  } catch (...) {
+  auto* lent = new (std::nothrow) Lent{p, cap};
+  if (lent == nullptr) {
     Pool().Give(p, cap);
-    throw;
+    throw std::bad_alloc();
   }
+  // From here the DataPtr owns the buffer: whatever throws below gives it
+  // back exactly once, through GiveBack.
+  c10::DataPtr data(p, lent, &GiveBack, at::Device(at::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(static_cast<size_t>(n) * sizeof(int64_t)),
+                       std::move(data), /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), caffe2::TypeMeta::Make<int64_t>());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({n});
+  return t;
 }
 
 }  // namespace bind

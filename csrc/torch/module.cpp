@@ -5,8 +5,9 @@
 // Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
 // that serving engines pass into int64 tensors in one pass in C (a few ns
 // per entry, into reused buffers: torch/int64_buffers.h), since the
-// TorchScript boundary converts a List[int] at about 20 ns per entry; status_code polls a status (torch/status_poll.h);
-// config_table hands the settings table to mori_torch.config.
+// TorchScript boundary converts a List[int] at about 20 ns per entry;
+// status_code polls a status (torch/status_poll.h); config_table hands the
+// settings table to mori_torch.config.
 // The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
 // that nothing is generated into the source tree at build time.
 #include <Python.h>
