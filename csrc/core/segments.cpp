@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <mutex>
 
+#include "base/sanitizers.h"
+
 namespace mori_torch {
 
 uint64_t TotalBytes(const std::vector<Segment>& segs) {
@@ -48,17 +50,7 @@ void MergeInPlace(std::vector<Segment>* segs) {
 namespace {
 
 // Sanitizer builds pool nothing (SegmentBatchesPooled).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kPoolBatches = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kPoolBatches = false;
-#else
-constexpr bool kPoolBatches = true;
-#endif
-#else
-constexpr bool kPoolBatches = true;
-#endif
+constexpr bool kPoolBatches = !MORI_SANITIZED;
 
 class BatchPool {
  public:

@@ -1,5 +1,6 @@
 #include "core/transfer_args.h"
 
+#include "base/sanitizers.h"
 #include "core/memory_registry.h"
 
 namespace mori_torch {
@@ -34,17 +35,9 @@ struct ListFacts {
 // AVX2 where the CPU has it (chosen once at load time), the baseline
 // otherwise; not in sanitizer builds, whose runtimes the load-time choice
 // would run before.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && \
-    (!defined(__clang__) || __clang_major__ >= 14)
-#if defined(__has_feature)
-#if !__has_feature(address_sanitizer) && !__has_feature(thread_sanitizer)
+#if defined(__x86_64__) && !MORI_SANITIZED && (!defined(__clang__) || __clang_major__ >= 14)
 #define MORI_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
 #else
-#define MORI_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef MORI_AVX2_CLONES
 #define MORI_AVX2_CLONES
 #endif
 
