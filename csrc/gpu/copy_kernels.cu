@@ -77,7 +77,7 @@ __device__ __forceinline__ void CopySegmentByGroup(const CopySegment& seg, uint3
 __device__ __forceinline__ CopySegment Placed(const CopySegment& e, uint64_t gi, const SegmentBases& b) {
   if (b.sets == 0) return e;
   uint32_t k = 0;
-  while (k + 1 < b.sets && b.first[k + 1] <= gi) ++k;  // the same for the whole group: broadcast reads
+  while (k + 1 < b.sets && b.first[k + 1] <= gi) ++k;  // one entry per group: the same k for its 32 lanes
   const bool swap = ((b.swap >> k) & 1u) != 0;
   return {b.dst_base[k] + (swap ? e.src : e.dst), b.src_base[k] + (swap ? e.dst : e.src), e.bytes};
 }

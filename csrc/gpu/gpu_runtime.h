@@ -73,7 +73,8 @@ struct CopySegment {
 static_assert(sizeof(CopySegment) == 24, "CopySegment layout is shared with the kernel");
 // How the kernel reads list entries. With no sets (the default) an entry's
 // `dst` and `src` are addresses. Otherwise the list is a run of entries per
-// set: set k's run starts at list index first[k] (first[0] = 0, ascending),
+// set: set k's run starts at list index first[k] (first[0] = 0, non-decreasing:
+// an empty set repeats the next one's),
 // and its entries are offsets that the kernel adds to set k's bases; with bit
 // k of `swap` the entry's second field is the destination. A core Segment
 // (local offset, remote offset, bytes) is then uploaded as it is, one set

@@ -388,7 +388,10 @@ def _pair_layouts(region, seg, seed):
     return out
 
 
-@pytest.mark.parametrize("npairs", [8, 40])
+# 8 pairs: a few sets in one chunk; 32: 16 sets on a GPU (the most one
+# launch table takes) over two chunks, a set straddling the chunk boundary;
+# 40: more sets than a table takes (the rewrite into addresses).
+@pytest.mark.parametrize("npairs", [8, 32, 40])
 @pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS], ids=["default", "kernel", "copy-engines"])
 @pytest.mark.parametrize("op", ["read", "write"])
 def test_engine_batch_of_pairs(op, cfg, npairs):
