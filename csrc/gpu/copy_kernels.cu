@@ -73,12 +73,21 @@ __device__ __forceinline__ void CopySegmentByGroup(const CopySegment& seg, uint3
   CopyBytes(dst + n * 16, src + n * 16, bytes & 15, lane);
 }
 
-__global__ void __launch_bounds__(kThreads) SegmentCopyKernel(const CopySegment* segs, uint32_t count, SegmentBases b) {
+// The address form of list entry `e` at list index `gi` (see SegmentBases).
+__device__ __forceinline__ CopySegment Placed(const CopySegment& e, uint64_t gi, const SegmentBases& b) {
+  if (b.sets == 0) return e;
+  uint32_t k = 0;
+  while (k + 1 < b.sets && b.first[k + 1] <= gi) ++k;  // one entry per group: the same k for its 32 lanes
+  const bool swap = ((b.swap >> k) & 1u) != 0;
+  return {b.dst_base[k] + (swap ? e.src : e.dst), b.src_base[k] + (swap ? e.dst : e.src), e.bytes};
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SegmentCopyKernel(const CopySegment* segs, uint32_t count, SegmentBases b, uint64_t first_index) {
   const uint32_t lane = threadIdx.x % kGroup;
   const uint32_t stride = gridDim.x * kGroupsPerBlock;
   for (uint32_t i = blockIdx.x * kGroupsPerBlock + threadIdx.x / kGroup; i < count; i += stride) {
-    const CopySegment e = segs[i];
-    CopySegmentByGroup({b.dst_base + (b.swap ? e.src : e.dst), b.src_base + (b.swap ? e.dst : e.src), e.bytes}, lane);
+    CopySegmentByGroup(Placed(segs[i], first_index + i, b), lane);
   }
 }
 
@@ -115,14 +124,15 @@ uint32_t ResidentBlocks(int device) {
 
 uint32_t SegmentCopyResidentGroups(int device) { return ResidentBlocks(device) * kGroupsPerBlock; }
 
-void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, SegmentBases bases) {
+void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, const SegmentBases& bases,
+                       uint64_t first_index) {
   if (count == 0) return;
   // Enough blocks to fill the device once; the groups then stride over the
   // list (no block scheduling per segment).
   const uint32_t want = (count + kGroupsPerBlock - 1) / kGroupsPerBlock;
   const uint32_t cap = ResidentBlocks(CurrentDevice());
   const uint32_t blocks = want < cap ? want : cap;
-  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count, bases);
+  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count, bases, first_index);
   CheckLaunch("segment copy kernel launch");
 }
 
@@ -143,7 +153,7 @@ void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, S
 void WarmUpKernels(int device) {
   DeviceScope on(device);
   // A zero-length launch still loads the module.
-  SegmentCopyKernel<<<1, kThreads>>>(nullptr, 0, SegmentBases{});
+  SegmentCopyKernel<<<1, kThreads>>>(nullptr, 0, SegmentBases{}, 0);
   CheckLaunch("kernel warm-up");
   InlineSegments none{};
   InlineSegmentCopyKernel<<<1, kThreads>>>(none);

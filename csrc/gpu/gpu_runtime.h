@@ -71,21 +71,31 @@ struct CopySegment {
   uint64_t bytes;
 };
 static_assert(sizeof(CopySegment) == 24, "CopySegment layout is shared with the kernel");
-// How the kernel reads a list entry: with zero bases (the default) `dst` and
-// `src` are addresses; otherwise they are offsets that the kernel adds to
-// the bases, and `swap` makes the entry's second field the destination. A
-// core Segment (local offset, remote offset, bytes) is then uploaded as it
-// is: a read's destination is the local memory, a write's the remote one.
+// How the kernel reads list entries. With no sets (the default) an entry's
+// `dst` and `src` are addresses. Otherwise the list is a run of entries per
+// set: set k's run starts at list index first[k] (first[0] = 0, non-decreasing:
+// an empty set repeats the next one's),
+// and its entries are offsets that the kernel adds to set k's bases; with bit
+// k of `swap` the entry's second field is the destination. A core Segment
+// (local offset, remote offset, bytes) is then uploaded as it is, one set
+// per transfer: a read's destination is the local memory, a write's the
+// remote one (swapped).
+constexpr uint32_t kMaxBaseSets = 16;
 struct SegmentBases {
-  uint64_t dst_base = 0;
-  uint64_t src_base = 0;
-  bool swap = false;
+  uint32_t sets = 0;
+  uint32_t swap = 0;
+  uint64_t first[kMaxBaseSets];
+  uint64_t dst_base[kMaxBaseSets];
+  uint64_t src_base[kMaxBaseSets];
 };
 // Launches one gather/scatter kernel over `count` segments listed at
 // `device_segments` (device memory), on `s` (a stream of the current device).
 // Each segment is copied by one group of threads: callers split large
 // segments (see SegmentCopyResidentGroups) so that the groups share the work.
-void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, SegmentBases bases = {});
+// `first_index`: the list index of device_segments[0] (a later chunk of a
+// list), which `bases` count in.
+void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, const SegmentBases& bases = {},
+                       uint64_t first_index = 0);
 // Up to this many segments travel in the launch's parameters instead: no
 // upload of a list, for single and few-segment transfers.
 constexpr uint32_t kInlineSegments = 16;

@@ -388,13 +388,19 @@ def _pair_layouts(region, seg, seed):
     return out
 
 
+# 8 pairs: a few sets in one chunk; 32: 16 sets on a GPU (the most one
+# launch table takes) over two chunks, a set straddling the chunk boundary;
+# 40: more sets than a table takes (the rewrite into addresses).
+@pytest.mark.parametrize("npairs", [8, 32, 40])
 @pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS], ids=["default", "kernel", "copy-engines"])
 @pytest.mark.parametrize("op", ["read", "write"])
-def test_engine_batch_of_pairs(op, cfg):
+def test_engine_batch_of_pairs(op, cfg, npairs):
     """The engine-level multi-pair batch (SGLang's): pairs to two remote
     engines, pages and a large segment mixed, local memories on every GPU
-    (the pairs on one GPU that the kernel takes share one segment list; the
-    others go alone). Every pair's bytes land; a pair with a bad offset or a
+    (the pairs on one GPU that the kernel takes share one segment list, as
+    offsets with a table of bases for up to 16 of them, rewritten into
+    addresses beyond that or when a segment must be cut; the others go
+    alone). Every pair's bytes land; a pair with a bad offset or a
     deregistered remote memory fails alone."""
     a, b, c = xgmi_engine("gba", **cfg), xgmi_engine("gbb", **cfg), xgmi_engine("gbc", **cfg)
     for e in (b, c):
@@ -404,7 +410,7 @@ def test_engine_batch_of_pairs(op, cfg):
     owners = [b, c]
     layouts = _pair_layouts(region, seg, seed=3)
     pairs = []  # (local tensor, local desc, remote tensor, remote desc, (lo, ro, sz))
-    for k in range(8):
+    for k in range(npairs):
         dev = devs[k % len(devs)]
         owner = owners[k % 2]
         remote_dev = devs[(k // 2) % len(devs)]

@@ -255,15 +255,27 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     }
   }
   std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
-  // One transfer whose segments need no cutting goes up as the engine
-  // validated it: offsets, to which the kernel adds the two bases. Its list
-  // is copied chunk by chunk, not rewritten entry by entry.
+  // Transfers whose segments need no cutting (up to kMaxBaseSets of them)
+  // go up as the engine validated them: offsets, to which the kernel adds
+  // each transfer's two bases. Their lists are copied chunk by chunk, not
+  // rewritten entry by entry.
   static_assert(sizeof(Segment) == sizeof(gpu::CopySegment) && offsetof(Segment, local_off) == 0 &&
                     offsetof(Segment, remote_off) == 8 && offsetof(Segment, size) == 16,
                 "a Segment is uploaded as a CopySegment of offsets");
-  const bool as_offsets = sources.size() == 1 && sources.front().max_bytes <= piece;
-  gpu::SegmentBases bases;
-  if (as_offsets) bases = {sources.front().dst_base, sources.front().src_base, !sources.front().is_read};
+  bool as_offsets = sources.size() <= gpu::kMaxBaseSets;
+  for (const CopySource& src : sources) as_offsets = as_offsets && src.max_bytes <= piece;
+  gpu::SegmentBases bases{};
+  if (as_offsets) {
+    uint64_t first = 0;
+    for (const CopySource& src : sources) {
+      const uint32_t k = bases.sets++;
+      bases.first[k] = first;
+      bases.dst_base[k] = src.dst_base;
+      bases.src_base[k] = src.src_base;
+      if (!src.is_read) bases.swap |= 1u << k;
+      first += src.segs->size();
+    }
+  }
   // Chunks grow 4x from a small first one: the GPU starts after a few
   // microseconds of host work, and later chunks are built while it copies.
   constexpr size_t kFirstChunk = 1024;
@@ -275,7 +287,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
                    n * sizeof(gpu::CopySegment), lane.upload);
     gpu::RecordEvent(list->chunk_uploaded, lane.upload);
     gpu::StreamWaitEvent(lane.stream, list->chunk_uploaded);
-    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n), lane.stream, bases);
+    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n), lane.stream, bases, launched);
     launched = written;
     chunk *= 4;
   };
@@ -283,12 +295,16 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     // The device half may be rewritten once the kernels that last read it ran.
     gpu::StreamWaitEvent(lane.upload, list->consumed);
     if (as_offsets) {
-      const Segment* segs = sources.front().segs->data();
-      while (written < segments) {
-        const size_t n = std::min(chunk, segments - written);
-        std::memcpy(static_cast<void*>(host + written), segs + written, n * sizeof(Segment));
-        written += n;
-        flush();
+      for (const CopySource& src : sources) {
+        const Segment* from = src.segs->data();
+        for (size_t left = src.segs->size(); left > 0;) {
+          const size_t n = std::min(left, launched + chunk - written);
+          std::memcpy(static_cast<void*>(host + written), from, n * sizeof(Segment));
+          written += n;
+          from += n;
+          left -= n;
+          if (written - launched >= chunk) flush();
+        }
       }
     } else {
       for (const CopySource& src : sources) {
