@@ -8,7 +8,8 @@ Host cost = the time the submitting call takes (not the transfer), per
 segment, median over repeats; the same batch as int64 tensors is the
 baseline of the same run. Each row also gives the minor page faults per
 call (memory that the kernel maps in again on every call shows there).
-Bytes are checked once per form. Last, one segment's write: the call time
+Bytes are checked once per form. Then the conversion of one list alone,
+with offsets below 2^30 and past 2^33. Last, one segment's write: the call time
 of the engine-level write against the session's, median over 3
 alternating rounds; and one poll of a status (`Succeeded()`) through
 mori_torch.io against TorchScript's method call.
@@ -132,6 +133,28 @@ def main():
                    args.repeats)
         base = ns if form == "tensors" else base
         record("engine", form, ns, base, per * k)
+
+    # Reading one list of n offsets into an int64 tensor (what the list forms
+    # above pay three times per batch): this buffer's page offsets, and the
+    # same pages 2^33 bytes further in, as in a KV cache of tens of GiB (ints
+    # of two 30-bit digits); against torch.tensor(list) of the same list.
+    from mori_torch._int64s import int64s
+    for form, values in (("offsets below 2^30", ro), ("offsets past 2^33", [(1 << 33) + v for v in ro])):
+        assert int64s("offsets", values).tolist() == values
+        ts, tb = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter_ns()
+            int64s("offsets", values)
+            t1 = time.perf_counter_ns()
+            torch.tensor(values, dtype=torch.int64)
+            tb.append(time.perf_counter_ns() - t1)
+            ts.append(t1 - t0)
+        ns, bns = statistics.median(ts), statistics.median(tb)
+        records.append(dict(backend=args.backend, kind="convert", form=form, segments=n, ns_per_entry=ns / n,
+                            baseline="torch.tensor(list, dtype=torch.int64) of the same list, same run",
+                            baseline_ns_per_entry=bns / n, ratio_to_baseline=bns / ns, repeats=args.repeats,
+                            interop_threads=torch.get_num_interop_threads(), machine=machine))
+        print(f"convert {form:>19}: {ns / n:6.2f} ns/entry (torch.tensor {bns / n:.1f})", flush=True)
 
     # One 4 KiB write, call time (submit only), engine-level call against the
     # session's in the same run: the engine-level call passes two descriptors.

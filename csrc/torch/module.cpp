@@ -3,8 +3,8 @@
 // custom classes (classes.cpp) and the ops torch.ops.mori.* (ops_*.cpp).
 // Its Python functions: log_route/log_drain hand native log lines to
 // Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
-// that serving engines pass into int64 tensors in one pass in C (a few ns
-// per entry, into reused buffers: torch/int64_buffers.h), since the
+// that serving engines pass into int64 tensors in C (a few ns per entry,
+// long lists on several threads: torch/int64_lists.h), since the
 // TorchScript boundary converts a List[int] at about 20 ns per entry;
 // status_code polls a status (torch/status_poll.h); config_table hands the
 // settings table to mori_torch.config.
@@ -21,87 +21,10 @@
 #include "core/logging.h"
 
 #include "base/config_table.h"
-#include "torch/int64_buffers.h"
+#include "torch/int64_lists.h"
 #include "torch/status_poll.h"
 
 namespace {
-
-// The error for entry `i` of `what`, which is neither an int nor has
-// __index__ (a float, a string, None ...).
-PyObject* NotAnInt(const char* what, Py_ssize_t i, PyObject* item) {
-  PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", what, i, Py_TYPE(item)->tp_name);
-  return nullptr;
-}
-
-// The value of an exact int. One-digit ints (below 2^30) are read inline
-// (CPython 3.12+: its "compact" accessors; 3.11: the digit itself); others
-// through PyLong_AsLongAndOverflow, which loops over the digits, where
-// PyLong_AsLongLong goes through a byte array (measured 14.6 against 5.0 ns
-// per entry for offsets past 2^31, as KV-cache byte offsets are).
-inline bool ExactIntToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) {
-  static_assert(sizeof(long) == sizeof(int64_t), "an LP64 platform");
-#if PY_VERSION_HEX >= 0x030C0000
-  if (PyUnstable_Long_IsCompact(reinterpret_cast<PyLongObject*>(item))) {
-    *out = PyUnstable_Long_CompactValue(reinterpret_cast<PyLongObject*>(item));
-    return true;
-  }
-#else
-  const Py_ssize_t digits = Py_SIZE(item);  // signed digit count
-  if (digits >= -1 && digits <= 1) {
-    *out = digits == 0 ? 0 : digits * static_cast<int64_t>(reinterpret_cast<PyLongObject*>(item)->ob_digit[0]);
-    return true;
-  }
-#endif
-  int overflow = 0;
-  const long v = PyLong_AsLongAndOverflow(item, &overflow);
-  if (overflow != 0) {
-    PyErr_Format(PyExc_OverflowError, "%s[%zd] does not fit in int64", what, i);
-    return false;
-  }
-  if (v == -1 && PyErr_Occurred()) return false;
-  *out = v;
-  return true;
-}
-
-// int64_tensor(values, what) -> a new CPU int64 tensor holding the list or
-// tuple `values`; entries may be any int or have __index__ (numpy ints).
-// Errors name `what` and the entry: TypeError for a non-int, OverflowError
-// for an int beyond int64.
-PyObject* Int64Tensor(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyUnicode_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "int64_tensor(values, what: str)");
-    return nullptr;
-  }
-  PyObject* seq = args[0];
-  const char* what = PyUnicode_AsUTF8(args[1]);
-  if (what == nullptr) return nullptr;
-  if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
-    return nullptr;
-  }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  at::Tensor t = mori_torch::bind::PooledInt64Tensor(static_cast<int64_t>(n));
-  int64_t* out = t.data_ptr<int64_t>();
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
-    if (PyLong_CheckExact(item)) {
-      if (!ExactIntToInt64(item, what, i, &out[i])) return nullptr;
-      continue;
-    }
-    if (!PyIndex_Check(item) || PyFloat_Check(item)) return NotAnInt(what, i, item);
-    // __index__ may run Python code, which may even shrink the list.
-    PyObject* idx = PyNumber_Index(item);
-    if (idx == nullptr) return nullptr;
-    const bool ok = ExactIntToInt64(idx, what, i, &out[i]);
-    Py_DECREF(idx);
-    if (!ok) return nullptr;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
-      PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
-      return nullptr;
-    }
-  }
-  return THPVariable_Wrap(std::move(t));
-}
 
 // log_route(on): while on, native log lines wait for log_drain instead of
 // going to stderr (mori_torch/log.py routes them into Python's logging).
@@ -179,7 +102,8 @@ PyMethodDef kMethods[] = {
      "log_route(on): hold native log lines for log_drain (True) or write them to stderr."},
     {"log_drain", LogDrain, METH_VARARGS,
      "log_drain(max_lines, timeout_ms) -> [(level, subsystem, thread, file, line, time_ms, message)]."},
-    {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(Int64Tensor)), METH_FASTCALL,
+    {"int64_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::Int64TensorFromList)),
+     METH_FASTCALL,
      "int64_tensor(values, what) -> a CPU int64 tensor of the list or tuple of ints `values`; errors name `what`."},
     {"status_code", mori_torch::bind::StatusCodeOf, METH_O,
      "status_code(status) -> int: a native TransferStatus's code, without TorchScript's method call"},

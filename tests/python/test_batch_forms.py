@@ -124,6 +124,57 @@ def test_list_values_of_every_width_convert_exactly():
         int64s("offsets", [-(1 << 63) - 1])
 
 
+@pytest.mark.parametrize("n", [8191, 8192, 50_000])
+def test_long_lists_convert_exactly_and_name_their_first_bad_entry(n):
+    """From 8,192 entries a list is read on several threads in chunks of
+    2,048 entries; whatever the fast pass stops at (a numpy int, an int past
+    2^60, a bool, a bad entry), in any chunk, is read on in order: the values
+    come out exact and an error names the first bad entry."""
+    rng = random.Random(n)
+    widths = (1 << 30, 1 << 60, 1 << 63)
+    values = [rng.randrange(-w, w) for w in (rng.choice(widths) for _ in range(n))]
+    assert int64s("offsets", values).tolist() == values
+    assert int64s("offsets", tuple(values)).tolist() == values
+    for i in (0, 2047, 2048, n // 2, n - 1):
+        odd = list(values)
+        odd[i], odd[n - 1 - i] = np.int64(-5), True
+        want = list(values)
+        want[i], want[n - 1 - i] = -5, 1
+        assert int64s("offsets", odd).tolist() == want
+    bad = list(values)
+    bad[n - 1] = None
+    bad[n // 2] = "x"
+    with pytest.raises(TypeError, match=rf"offsets\[{n // 2}\] must be an int, got str"):
+        int64s("offsets", bad)
+    bad[n // 2] = values[n // 2]
+    with pytest.raises(TypeError, match=rf"offsets\[{n - 1}\] must be an int, got NoneType"):
+        int64s("offsets", bad)
+    bad[n - 1], bad[3] = -(1 << 63) - 1, 1 << 63
+    with pytest.raises(OverflowError, match=r"offsets\[3\] does not fit in int64"):
+        int64s("offsets", bad)
+
+
+def test_long_lists_convert_in_a_forked_child():
+    """The helper threads belong to the parent: a forked child reads long
+    lists alone, and must neither hang nor get them wrong."""
+    import multiprocessing as mp
+
+    values = list(range(0, 40_000 * 4096, 4096))
+    assert int64s("offsets", values).tolist() == values  # the parent's helpers have run
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_convert_in_child, args=(q, values))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "the forked child hung or failed"
+    assert q.get(timeout=5) == (True, True)
+
+
+def _convert_in_child(q, values):
+    ok = all(int64s("offsets", values).tolist() == values for _ in range(100))
+    q.put((ok, int64s("offsets", values[::-1]).tolist() == values[::-1]))
+
+
 def test_a_list_that_shrinks_while_read_is_an_error_not_a_crash():
     values = [0, 4096]
 

@@ -1,0 +1,17 @@
+// Python lists and tuples of ints (the offsets and sizes serving engines
+// pass) into int64 tensors, for mori_torch._C.int64_tensor.
+#pragma once
+
+#include <Python.h>
+
+namespace mori_torch {
+namespace bind {
+
+// int64_tensor(values, what) -> a CPU int64 tensor holding the list or tuple
+// `values`; entries may be any int or have __index__ (numpy ints). Errors
+// name `what` and the entry: TypeError for a non-int, OverflowError for an
+// int beyond int64. A METH_FASTCALL function.
+PyObject* Int64TensorFromList(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+}  // namespace bind
+}  // namespace mori_torch
