@@ -33,3 +33,17 @@ def int64s(what: str, v) -> torch.Tensor:
         if "is not iterable" in str(e):
             raise TypeError(f"{what} must be a list, tuple, tensor or numpy array of ints, got {tv.__name__}") from None
         raise
+
+
+def int64s_each(what: str, seqs) -> list:
+    """One 1-D int64 tensor per entry of ``seqs`` (the engine-level batch's
+    lists, one per memory pair); errors name ``what[i]``.
+
+    When every entry is a list or tuple, all are read in one call in C, long
+    ones on several threads together; otherwise each entry as ``int64s``.
+    """
+    if type(seqs) is not list and type(seqs) is not tuple:
+        seqs = list(seqs)
+    if all(type(v) is list or type(v) is tuple for v in seqs):
+        return _C.int64_tensors(seqs, what)
+    return [int64s(f"{what}[{i}]", v) for i, v in enumerate(seqs)]

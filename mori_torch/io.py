@@ -22,6 +22,7 @@ import torch
 
 from . import _C  # noqa: F401  (registers torch.classes.mori)
 from ._int64s import int64s as _int64s
+from ._int64s import int64s_each as _int64s_each
 
 __all__ = [
     "IOEngine",
@@ -749,9 +750,9 @@ class IOEngine:
     def _batch(self, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
         locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]
         remotes = [_check_desc("remote_descs[]", d, MemoryDesc) for d in remote_descs]
-        lo = [_int64s("local_offsets[]", x) for x in local_offsets]
-        ro = [_int64s("remote_offsets[]", x) for x in remote_offsets]
-        sz = [_int64s("sizes[]", x) for x in sizes]
+        lo = _int64s_each("local_offsets", local_offsets)
+        ro = _int64s_each("remote_offsets", remote_offsets)
+        sz = _int64s_each("sizes", sizes)
         uids = list(uids)
         try:
             with _no_torch_function():

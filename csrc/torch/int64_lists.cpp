@@ -12,6 +12,10 @@
 // calling thread reads on from the first such entry the general way, so
 // errors name the first bad entry, as a single pass would.
 //
+// Long: 8,192 entries or more over one call's lists. How many threads:
+// MORI_TORCH_LIST_READERS (by default several only where cores are many).
+// A free-threaded CPython has no GIL to keep the lists still: one thread.
+//
 // The calling thread never waits for a helper that has not started (the pool
 // may be busy, or its threads gone in a forked child): chunks are claimed
 // from a shared counter, the calling thread claims too, and it waits only for
@@ -21,13 +25,18 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <pthread.h>
+#include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "base/config_table.h"
+#include "base/usable_cpus.h"
 #include "torch/int64_buffers.h"
 
 namespace mori_torch {
@@ -41,7 +50,6 @@ static_assert(PyLong_SHIFT == 30, "CPython's 30-bit digits");
 // helper costs more than it saves).
 constexpr Py_ssize_t kParallelMin = 8192;
 constexpr Py_ssize_t kChunk = 2048;
-constexpr int kMaxHelpers = 7;
 
 // The value of an exact int of at most two digits (|v| < 2^60, every byte
 // offset there is), read from its digits: no call, no error state, so a
@@ -81,28 +89,39 @@ Py_ssize_t ReadSmallInts(PyObject* const* items, Py_ssize_t begin, Py_ssize_t en
   return end;
 }
 
-// One long list read by the calling thread and helpers. Shared with the
-// helpers' tasks, which may run after the call has returned (and then find
-// no chunk left).
-struct ParallelRead {
+// A list (or tuple) to read, and where its values go.
+struct ListToRead {
   PyObject* const* items;
-  int64_t* out;
   Py_ssize_t n;
-  std::atomic<Py_ssize_t> next{0};     // start of the next unclaimed chunk
-  std::atomic<Py_ssize_t> first_stop;  // lowest index a reader stopped at
-  std::atomic<int> readers_inside{0};  // helpers that may hold a chunk
+  int64_t* out;
+};
+
+// Lists read by the calling thread and helpers, in chunks of at most kChunk
+// entries of one list. Shared with the helpers' tasks, which may run after
+// the call has returned (and then find no chunk left).
+struct ParallelRead {
+  struct Chunk {
+    size_t list;
+    Py_ssize_t begin, end;
+  };
+  std::vector<ListToRead> lists;
+  std::vector<Chunk> chunks;
+  std::unique_ptr<std::atomic<Py_ssize_t>[]> first_stop;  // per list: lowest index a reader stopped at
+  std::atomic<size_t> next{0};                            // the next unclaimed chunk
+  std::atomic<int> readers_inside{0};                     // helpers that may hold a chunk
 
   // Claims and reads chunks until none is left.
   void Work() {
     for (;;) {
-      const Py_ssize_t b = next.fetch_add(kChunk);
-      if (b >= n) return;
-      const Py_ssize_t e = std::min(n, b + kChunk);
-      const Py_ssize_t stop = ReadSmallInts(items, b, e, out);
-      if (stop < e) {
-        Py_ssize_t seen = first_stop.load();
-        while (stop < seen && !first_stop.compare_exchange_weak(seen, stop)) {
-        }
+      const size_t c = next.fetch_add(1);
+      if (c >= chunks.size()) return;
+      const Chunk& k = chunks[c];
+      const ListToRead& l = lists[k.list];
+      const Py_ssize_t stop = ReadSmallInts(l.items, k.begin, k.end, l.out);
+      if (stop == k.end) continue;
+      std::atomic<Py_ssize_t>& first = first_stop[k.list];
+      Py_ssize_t seen = first.load();
+      while (stop < seen && !first.compare_exchange_weak(seen, stop)) {
       }
     }
   }
@@ -119,25 +138,60 @@ std::atomic<int> g_unstarted{0};
 constexpr int kMaxUnstarted = 64;
 [[maybe_unused]] const int g_atfork = pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });
 
-int HelpersFor(Py_ssize_t n) {
-  if (g_forked.load(std::memory_order_relaxed)) return 0;
-  const Py_ssize_t chunks = (n + kChunk - 1) / kChunk;
-  const int threads = at::get_num_interop_threads();
-  const int want = static_cast<int>(std::min<Py_ssize_t>({chunks - 1, threads, kMaxHelpers}));
+// MORI_TORCH_LIST_READERS, -1 resolved by the CPUs this process may use: on
+// a few busy cores a helper that is preempted mid-chunk keeps the calling
+// thread waiting (measured slower than one thread on the 2-vCPU build VM).
+// 0 with a Python error set for a bad value.
+int ListReaders() {
+  static std::atomic<int> cached{0};
+  int v = cached.load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  try {
+    const int64_t set = config::EnvInt("MORI_TORCH_LIST_READERS");
+    constexpr int kManyReaders = 8;
+    v = set > 0 ? static_cast<int>(set) : (UsableCpus() >= kManyCpus ? kManyReaders : 1);
+#ifdef Py_GIL_DISABLED
+    v = 1;
+#endif
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return 0;
+  }
+  cached.store(v, std::memory_order_relaxed);
+  return v;
+}
+
+int HelpersFor(size_t chunks, int readers) {
+  if (g_forked.load(std::memory_order_relaxed) || chunks < 2 || readers < 2) return 0;
+  const size_t threads = static_cast<size_t>(at::get_num_interop_threads());
+  const int want = static_cast<int>(std::min<size_t>({chunks - 1, threads, static_cast<size_t>(readers - 1)}));
   const int room = kMaxUnstarted - g_unstarted.load(std::memory_order_relaxed);
   return std::max(0, std::min(want, room));
 }
 
-// Reads what it can of items [0, n) as small exact ints, on several threads
-// for long lists; returns the first index it could not read (n if none).
-Py_ssize_t ReadSmallIntsParallel(PyObject* const* items, Py_ssize_t n, int64_t* out) {
-  const int helpers = n >= kParallelMin ? HelpersFor(n) : 0;
-  if (helpers <= 0) return ReadSmallInts(items, 0, n, out);
+// Reads what it can of every list as small exact ints, on several threads
+// when they hold kParallelMin entries or more together. Returns per list the
+// first index it could not read (its n if none).
+std::vector<Py_ssize_t> ReadSmallIntsParallel(std::vector<ListToRead> lists, int readers) {
+  std::vector<Py_ssize_t> stops(lists.size());
+  Py_ssize_t total = 0;
+  for (const ListToRead& l : lists) total += l.n;
   auto job = std::make_shared<ParallelRead>();
-  job->items = items;
-  job->out = out;
-  job->n = n;
-  job->first_stop.store(n);
+  if (total >= kParallelMin) {
+    for (size_t i = 0; i < lists.size(); ++i) {
+      for (Py_ssize_t b = 0; b < lists[i].n; b += kChunk) {
+        job->chunks.push_back({i, b, std::min(lists[i].n, b + kChunk)});
+      }
+    }
+  }
+  const int helpers = HelpersFor(job->chunks.size(), readers);
+  if (helpers == 0) {
+    for (size_t i = 0; i < lists.size(); ++i) stops[i] = ReadSmallInts(lists[i].items, 0, lists[i].n, lists[i].out);
+    return stops;
+  }
+  job->first_stop.reset(new std::atomic<Py_ssize_t>[lists.size()]);
+  for (size_t i = 0; i < lists.size(); ++i) job->first_stop[i].store(lists[i].n);
+  job->lists = std::move(lists);
   g_unstarted.fetch_add(helpers);
   for (int h = 0; h < helpers; ++h) {
     at::launch([job] {
@@ -151,12 +205,12 @@ Py_ssize_t ReadSmallIntsParallel(PyObject* const* items, Py_ssize_t n, int64_t* 
   // Every chunk is claimed; wait for the ones helpers are still reading
   // (a helper that enters from now on finds nothing to claim).
   while (job->readers_inside.load() != 0) std::this_thread::yield();
-  return job->first_stop.load();
+  for (size_t i = 0; i < stops.size(); ++i) stops[i] = job->first_stop[i].load();
+  return stops;
 }
 
-PyObject* NotAnInt(const char* what, Py_ssize_t i, PyObject* item) {
+void NotAnInt(const char* what, Py_ssize_t i, PyObject* item) {
   PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", what, i, Py_TYPE(item)->tp_name);
-  return nullptr;
 }
 
 // Any int object's value, raising OverflowError beyond int64.
@@ -173,6 +227,40 @@ bool IntToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) {
   return true;
 }
 
+// Entries [from, n) of `seq`, one by one, the general way (numpy ints, ints
+// past 2^60, errors naming the entry). `out` holds n entries: a list that
+// is no longer n long (an entry's __index__ may change any list) is refused.
+bool ReadRest(PyObject* seq, Py_ssize_t n, Py_ssize_t from, int64_t* out, const char* what) {
+  if (PySequence_Fast_GET_SIZE(seq) != n) {
+    PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
+    return false;
+  }
+  for (Py_ssize_t i = from; i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    if (PyLong_CheckExact(item)) {
+      if (!IntToInt64(item, what, i, &out[i])) return false;
+      continue;
+    }
+    if (!PyIndex_Check(item) || PyFloat_Check(item)) {
+      NotAnInt(what, i, item);
+      return false;
+    }
+    // __index__ may run Python code, which may even shrink the list.
+    PyObject* idx = PyNumber_Index(item);
+    if (idx == nullptr) return false;
+    const bool ok = IntToInt64(idx, what, i, &out[i]);
+    Py_DECREF(idx);
+    if (!ok) return false;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+      PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
+
 }  // namespace
 
 PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -183,33 +271,65 @@ PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs
   PyObject* seq = args[0];
   const char* what = PyUnicode_AsUTF8(args[1]);
   if (what == nullptr) return nullptr;
-  if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+  if (!IsListOrTuple(seq)) {
     PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
     return nullptr;
   }
+  const int readers = ListReaders();
+  if (readers == 0) return nullptr;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
   int64_t* out = t.data_ptr<int64_t>();
   // The common case in one (possibly parallel) pass; the rest one by one.
-  for (Py_ssize_t i = ReadSmallIntsParallel(PySequence_Fast_ITEMS(seq), n, out); i < n; ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
-    if (PyLong_CheckExact(item)) {
-      if (!IntToInt64(item, what, i, &out[i])) return nullptr;
-      continue;
-    }
-    if (!PyIndex_Check(item) || PyFloat_Check(item)) return NotAnInt(what, i, item);
-    // __index__ may run Python code, which may even shrink the list.
-    PyObject* idx = PyNumber_Index(item);
-    if (idx == nullptr) return nullptr;
-    const bool ok = IntToInt64(idx, what, i, &out[i]);
-    Py_DECREF(idx);
-    if (!ok) return nullptr;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
-      PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
+  const Py_ssize_t stop = ReadSmallIntsParallel({{PySequence_Fast_ITEMS(seq), n, out}}, readers)[0];
+  if (!ReadRest(seq, n, stop, out, what)) return nullptr;
+  return THPVariable_Wrap(std::move(t));
+}
+
+PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyUnicode_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "int64_tensors(lists, what: str)");
+    return nullptr;
+  }
+  PyObject* seqs = args[0];
+  const char* what = PyUnicode_AsUTF8(args[1]);
+  if (what == nullptr) return nullptr;
+  if (!IsListOrTuple(seqs)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s", what, Py_TYPE(seqs)->tp_name);
+    return nullptr;
+  }
+  const int readers = ListReaders();
+  if (readers == 0) return nullptr;
+  const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
+  // References to the lists themselves: an entry's __index__ may change the
+  // outer list, and the lists must outlive the call.
+  std::vector<pybind11::object> held;
+  std::vector<at::Tensor> tensors;
+  std::vector<ListToRead> lists;
+  held.reserve(m);
+  tensors.reserve(m);
+  lists.reserve(m);
+  for (Py_ssize_t i = 0; i < m; ++i) {
+    PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
+    if (!IsListOrTuple(seq)) {
+      PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i, Py_TYPE(seq)->tp_name);
       return nullptr;
     }
+    held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    tensors.push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
+    lists.push_back({PySequence_Fast_ITEMS(seq), n, tensors.back().data_ptr<int64_t>()});
   }
-  return THPVariable_Wrap(std::move(t));
+  std::vector<Py_ssize_t> sizes(m);
+  for (Py_ssize_t i = 0; i < m; ++i) sizes[i] = lists[i].n;
+  const std::vector<Py_ssize_t> stops = ReadSmallIntsParallel(std::move(lists), readers);
+  pybind11::list out(m);
+  for (Py_ssize_t i = 0; i < m; ++i) {
+    const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+    if (!ReadRest(held[i].ptr(), sizes[i], stops[i], tensors[i].data_ptr<int64_t>(), name.c_str())) return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < m; ++i) PyList_SET_ITEM(out.ptr(), i, THPVariable_Wrap(std::move(tensors[i])));
+  return out.release().ptr();
 }
 
 }  // namespace bind

@@ -13,5 +13,10 @@ namespace bind {
 // int beyond int64. A METH_FASTCALL function.
 PyObject* Int64TensorFromList(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
+// int64_tensors(lists, what) -> [int64_tensor(l, f"{what}[{i}]") for i, l in
+// enumerate(lists)], every list or tuple of ints, read in one (possibly
+// parallel) pass: the engine-level batch's lists of one pair each.
+PyObject* Int64TensorsFromLists(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
 }  // namespace bind
 }  // namespace mori_torch

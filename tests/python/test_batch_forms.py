@@ -2,6 +2,7 @@
 tuples, ranges, numpy arrays of any integer dtype and int64 tensors, for
 session batches, engine-level multi-pair batches and the ops' host path.
 Each form moves the same bytes; bad entries are errors naming the entry."""
+import os
 import random
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from conftest import Pair, pattern, wait_ok
-from mori_torch._int64s import int64s
+from mori_torch._int64s import int64s, int64s_each
 
 SEG = 512
 N = 256
@@ -175,6 +176,69 @@ def _convert_in_child(q, values):
     q.put((ok, int64s("offsets", values[::-1]).tolist() == values[::-1]))
 
 
+def test_the_lists_of_an_engine_batch_convert_together_and_name_pair_and_entry():
+    """The engine-level batch's lists (one per memory pair, 16 x 2,048
+    entries here) are read in one pass on several threads; errors name the
+    pair and the entry; other forms mixed in convert one by one."""
+    rng = random.Random(5)
+    lists = [[rng.randrange(-(1 << 62), 1 << 62) for _ in range(2048)] for _ in range(16)]
+    got = int64s_each("local_offsets", lists)
+    assert [t.tolist() for t in got] == lists
+    assert [t.tolist() for t in int64s_each("local_offsets", tuple(tuple(x) for x in lists))] == lists
+    mixed = [lists[0], np.asarray(lists[1], dtype=np.int64), torch.tensor(lists[2]), range(3)]
+    assert [t.tolist() for t in int64s_each("local_offsets", mixed)] == lists[:3] + [[0, 1, 2]]
+    bad = [list(x) for x in lists]
+    bad[9][2047], bad[12][0] = np.int32(3), 1.5
+    with pytest.raises(TypeError, match=r"local_offsets\[12\]\[0\] must be an int, got float"):
+        int64s_each("local_offsets", bad)
+    bad[12][0] = 0
+    want = [list(x) for x in bad]
+    want[9][2047] = 3
+    assert [t.tolist() for t in int64s_each("local_offsets", bad)] == want
+    with pytest.raises(TypeError, match=r"sizes\[1\] must be a list, tuple, tensor or numpy array of ints, got int"):
+        int64s_each("sizes", [[1], 2])
+
+
+def test_an_index_that_changes_another_list_of_the_batch_is_an_error_not_a_crash():
+    lists = [[0] * 5000, [4096] * 5000]
+
+    class Grows:
+        def __index__(self):
+            lists[1].extend([0] * 100_000)  # the second list's memory moves
+            return 7
+
+    lists[0][4999] = Grows()
+    with pytest.raises(RuntimeError, match=r"offsets\[1\] changed size while it was read"):
+        int64s_each("offsets", lists)
+
+
+@pytest.mark.parametrize("readers, expect", [
+    ("1", "ok"),
+    ("8", "ok"),
+    ("9", "MORI_TORCH_LIST_READERS"),
+    ("two", "MORI_TORCH_LIST_READERS"),
+])
+def test_list_readers_setting(readers, expect):
+    """MORI_TORCH_LIST_READERS: one thread or eight read the same values; a
+    bad value is a ValueError naming the variable, at the first list."""
+    import subprocess
+    import sys
+
+    code = ("import random\n"
+            "from mori_torch._int64s import int64s, int64s_each\n"
+            "v = [random.randrange(-(1 << 62), 1 << 62) for _ in range(40000)]\n"
+            "try:\n"
+            "    assert int64s('x', v).tolist() == v\n"
+            "    assert [t.tolist() for t in int64s_each('x', [v[:9000], v[9000:]])] == [v[:9000], v[9000:]]\n"
+            "    print('ok')\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    env = dict(os.environ, MORI_TORCH_LIST_READERS=readers)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert expect in out.stdout
+
+
 def test_a_list_that_shrinks_while_read_is_an_error_not_a_crash():
     values = [0, 4096]
 
@@ -203,7 +267,7 @@ def test_bad_entries_are_errors_naming_the_entry_and_move_nothing(p, bad, error,
     sess = p.init.create_session(p.local_desc, p.remote_desc)
     with pytest.raises(error, match=message):
         sess.batch_write([0, SEG], [0, SEG], bad, 1)
-    with pytest.raises(error, match=message.replace("sizes", r"sizes\[\]")):
+    with pytest.raises(error, match=message.replace("sizes", r"sizes\[0\]")):
         p.init.batch_write([p.local_desc], [[0, SEG]], [p.remote_desc], [[0, SEG]], [bad], [2])
     assert torch.equal(p.remote, before)
 
