@@ -261,22 +261,31 @@ bool ReadRest(PyObject* seq, Py_ssize_t n, Py_ssize_t from, int64_t* out, const 
 
 bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
 
+// The arguments (sequence, what: str) of both functions: the sequence, with
+// `what` and the readers to use, or nullptr with a Python error set.
+PyObject* SequenceAndName(PyObject* const* args, Py_ssize_t nargs, const char* usage, const char* of, const char** what,
+                          int* readers) {
+  if (nargs != 2 || !PyUnicode_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return nullptr;
+  }
+  *what = PyUnicode_AsUTF8(args[1]);
+  if (*what == nullptr) return nullptr;
+  if (!IsListOrTuple(args[0])) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple%s, got %s", *what, of, Py_TYPE(args[0])->tp_name);
+    return nullptr;
+  }
+  *readers = ListReaders();
+  return *readers == 0 ? nullptr : args[0];
+}
+
 }  // namespace
 
 PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyUnicode_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "int64_tensor(values, what: str)");
-    return nullptr;
-  }
-  PyObject* seq = args[0];
-  const char* what = PyUnicode_AsUTF8(args[1]);
-  if (what == nullptr) return nullptr;
-  if (!IsListOrTuple(seq)) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
-    return nullptr;
-  }
-  const int readers = ListReaders();
-  if (readers == 0) return nullptr;
+  const char* what = nullptr;
+  int readers = 0;
+  PyObject* seq = SequenceAndName(args, nargs, "int64_tensor(values, what: str)", " of ints", &what, &readers);
+  if (seq == nullptr) return nullptr;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
   int64_t* out = t.data_ptr<int64_t>();
@@ -287,19 +296,10 @@ PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs
 }
 
 PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyUnicode_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "int64_tensors(lists, what: str)");
-    return nullptr;
-  }
-  PyObject* seqs = args[0];
-  const char* what = PyUnicode_AsUTF8(args[1]);
-  if (what == nullptr) return nullptr;
-  if (!IsListOrTuple(seqs)) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s", what, Py_TYPE(seqs)->tp_name);
-    return nullptr;
-  }
-  const int readers = ListReaders();
-  if (readers == 0) return nullptr;
+  const char* what = nullptr;
+  int readers = 0;
+  PyObject* seqs = SequenceAndName(args, nargs, "int64_tensors(lists, what: str)", "", &what, &readers);
+  if (seqs == nullptr) return nullptr;
   const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
   // References to the lists themselves: an entry's __index__ may change the
   // outer list, and the lists must outlive the call.
