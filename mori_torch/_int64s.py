@@ -39,8 +39,8 @@ def int64s_each(what: str, seqs) -> list:
     """One 1-D int64 tensor per entry of ``seqs`` (the engine-level batch's
     lists, one per memory pair); errors name ``what[i]``.
 
-    When every entry is a list or tuple, all are read in one call in C, long
-    ones on several threads together; otherwise each entry as ``int64s``.
+    When every entry is a list or tuple, all are read in one call in C;
+    otherwise each entry as ``int64s``.
     """
     if type(seqs) is not list and type(seqs) is not tuple:
         seqs = list(seqs)

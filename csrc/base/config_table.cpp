@@ -71,10 +71,6 @@ const std::vector<Entry>& Rows() {
           "sleep at once; -1: 50 where this process may use 16 or more CPUs (affinity and cgroup quota), else "
           "0. 50 cuts small TCP "
           "round trips where cores are spare; on busy cores it costs milliseconds."),
-      Int(E, "MORI_TORCH_LIST_READERS", -1, -1, 8,
-          "Threads that read the offset and size lists of one batch call into int64 (when they hold 8,192 entries "
-          "or more together): the calling thread and up to N-1 helpers from torch's inter-op pool; -1: 8 where "
-          "this process may use 16 or more CPUs (affinity and cgroup quota), else 1 (the calling thread alone)."),
       Int(E, "MORI_TORCH_DOORBELL_SPIN_US", 2000, 0, 10000000,
           "Stream-ordered ops: how long the doorbell thread spins after activity before it sleeps (us)."),
       Int(E, "MORI_TORCH_FAIL_PINNED_CHUNK", 0, 0, kI32,

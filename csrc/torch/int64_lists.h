@@ -14,8 +14,8 @@ namespace bind {
 PyObject* Int64TensorFromList(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 // int64_tensors(lists, what) -> [int64_tensor(l, f"{what}[{i}]") for i, l in
-// enumerate(lists)], every list or tuple of ints, read in one (possibly
-// parallel) pass: the engine-level batch's lists of one pair each.
+// enumerate(lists)], every entry a list or tuple of ints, in one call: the
+// engine-level batch's lists, one per memory pair.
 PyObject* Int64TensorsFromLists(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace bind

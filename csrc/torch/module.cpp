@@ -3,8 +3,8 @@
 // custom classes (classes.cpp) and the ops torch.ops.mori.* (ops_*.cpp).
 // Its Python functions: log_route/log_drain hand native log lines to
 // Python's logging (mori_torch/log.py); int64_tensor turns the offset lists
-// that serving engines pass into int64 tensors in C (a few ns per entry,
-// long lists on several threads: torch/int64_lists.h), since the
+// that serving engines pass into int64 tensors in C (a few ns per entry:
+// torch/int64_lists.h), since the
 // TorchScript boundary converts a List[int] at about 20 ns per entry;
 // status_code polls a status (torch/status_poll.h); config_table hands the
 // settings table to mori_torch.config.

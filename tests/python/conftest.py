@@ -8,11 +8,6 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-# Offset lists of 8,192 entries or more are read by several threads where the
-# process may use 16 CPUs or more, else by one. Tests use 4 readers anywhere,
-# so that the parallel path runs on a 2-core CI machine too (test_batch_forms
-# runs one reader and a bad value in processes of their own).
-os.environ.setdefault("MORI_TORCH_LIST_READERS", "4")
 
 from mori_torch.io import (  # noqa: E402
     BackendType,
