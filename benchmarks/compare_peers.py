@@ -744,6 +744,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--libs", nargs="+", choices=PEERS, default=list(PEERS), help="libraries to compare (default: all)")
     ap.add_argument("--quick", action="store_true",
                     help="small workloads (4 MiB, 1,024 x 16 KiB, 512 x 4 KiB) for tests")
+    ap.add_argument("--workloads", nargs="+", default=None, metavar="NAME",
+                    help="run only these workloads, in this order (default: all; names as in the table)")
     ap.add_argument("--iters", type=int, default=None,
                     help="timed calls per throughput workload (default: ~4 GB moved, 5..50)")
     ap.add_argument("--lat-samples", type=int, default=1000,
@@ -768,6 +770,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     mems = args.mem or (["gpu", "cpu"] if torch.cuda.is_available() else ["cpu"])
     workloads = QUICK_WORKLOADS if args.quick else WORKLOADS
+    if args.workloads:
+        known = {w[0]: w for w in workloads}
+        unknown = [n for n in args.workloads if n not in known]
+        if unknown:
+            ap.error(f"--workloads: unknown {', '.join(unknown)}; these are: {', '.join(known)}")
+        workloads = [known[n] for n in args.workloads]
     cfg = dict(workloads=workloads, buffer_bytes=max(seg * n for _, seg, n, _ in workloads), seed=args.seed,
                iters=args.iters, lat_samples=args.lat_samples, warmup=args.warmup, device=args.device,
                mooncake_gpu_protocol=args.mooncake_gpu_protocol, timeout=args.timeout)

@@ -145,3 +145,21 @@ def test_gpu_memory_paths(tmp_path):
         assert all(w["verified"] and w["baseline"] == "torch_copy" for w in by[lib]["workloads"])
     for lib in ("nixl", "mooncake"):
         assert by[lib]["status"] in ("ok", "not installed", "unavailable"), by[lib]
+
+
+def test_workloads_option_runs_the_named_ones_in_order(tmp_path):
+    out = tmp_path / "some.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare_peers.py"), "--mem", "cpu", "--quick", "--libs",
+         "mori_torch", "--workloads", "latency_4KiB", "512x4KiB", "--iters", "2", "--warmup", "1", "--lat-samples",
+         "10", "--json", str(out)],
+        cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=200,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(out.read_text())
+    mori = next(r for r in rep["results"] if r["library"] == "mori_torch")
+    assert [w["workload"] for w in mori["workloads"]] == ["latency_4KiB", "512x4KiB"]
+    assert all(w["verified"] for w in mori["workloads"])
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_peers.py"), "--quick", "--workloads",
+                          "64MiB"], cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--workloads: unknown 64MiB; these are: 4MiB, 1024x16KiB" in bad.stderr
