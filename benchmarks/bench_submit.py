@@ -9,8 +9,8 @@ segment, median over repeats; the same batch as int64 tensors is the
 baseline of the same run. Each row also gives the minor page faults per
 call (memory that the kernel maps in again on every call shows there).
 Bytes are checked once per form. Then where the engine-level batch's extra
-cost goes (native calls with tensors: k pairs against one session batch of
-the same segments, 1-segment pairs, k uid allocations), and the conversion
+cost goes (tensors, uids given: k pairs against one session batch of the
+same segments, 1-segment pairs, k uid allocations), and the conversion
 of one list alone,
 with offsets below 2^30 and past 2^33. Last, one segment's write: the call time
 of the engine-level write against the session's, median over 3
@@ -137,28 +137,28 @@ def main():
         base = ns if form == "tensors" else base
         record("engine", form, ns, base, per * k)
 
-    # Where the engine-level batch's extra host cost goes, native calls with
-    # tensors (no list conversion, uids fixed): k pairs of n / k segments and
-    # of 1 segment each, against one session batch of the same segments; and
-    # k uid allocations (the batch's callers make one per pair).
+    # Where the engine-level batch's extra host cost goes, with tensors (no
+    # list conversion) and uids given: k pairs of n / k segments and of 1
+    # segment each, against one session batch of the same segments; and k
+    # uid allocations (the batch's callers make one per pair).
     los, ros, szs = ([torch.tensor(x[i * per:(i + 1) * per], dtype=torch.int64) for i in range(k)]
                      for x in (lo, ro, sizes))
     one = [torch.tensor(x[i * per:i * per + 1], dtype=torch.int64) for x in (lo, ro, sizes) for i in range(k)]
     lo1, ro1, sz1 = one[:k], one[k:2 * k], one[2 * k:]
     t_lo, t_ro, t_sz = (torch.tensor(x[:per * k], dtype=torch.int64) for x in (lo, ro, sizes))
     t1 = [torch.tensor([x[i * per] for i in range(k)], dtype=torch.int64) for x in (lo, ro, sizes)]
-    ld, rd, uids = [sd._d] * k, [dd._d] * k, list(range(1 << 40, (1 << 40) + k))
+    uids = list(range(1 << 40, (1 << 40) + k))
     parts = {
-        f"engine native, {k} pairs x {per}": lambda: a._e.batch_transfer_tensors(False, ld, los, rd, ros, szs, uids),
-        f"session native, 1 x {per * k}": lambda: sess._s.batch_write_tensors(t_lo, t_ro, t_sz, 1),
-        f"engine native, {k} pairs x 1": lambda: a._e.batch_transfer_tensors(False, ld, lo1, rd, ro1, sz1, uids),
-        f"session native, 1 x {k}": lambda: sess._s.batch_write_tensors(*t1, 1),
+        f"engine batch_write, {k} pairs x {per}": lambda: a.batch_write([sd] * k, los, [dd] * k, ros, szs, uids),
+        f"session batch_write, 1 x {per * k}": lambda: sess.batch_write(t_lo, t_ro, t_sz, 1),
+        f"engine batch_write, {k} pairs x 1": lambda: a.batch_write([sd] * k, lo1, [dd] * k, ro1, sz1, uids),
+        f"session batch_write, 1 x {k}": lambda: sess.batch_write(*t1, 1),
         f"{k} x IOEngine.allocate_transfer_uid": lambda: [a.allocate_transfer_uid() for _ in range(k)] and [],
     }
     for _ in range(3):  # alternating rounds
         for form, fn in parts.items():
             FAULTS.setdefault("parts", {}).setdefault(form, []).append(timed(fn, args.repeats))
-    base_form = f"session native, 1 x {per * k}"
+    base_form = f"session batch_write, 1 x {per * k}"
     base = statistics.median(FAULTS["parts"][base_form])
     for form, v in FAULTS.pop("parts").items():
         ns = statistics.median(v)

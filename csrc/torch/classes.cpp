@@ -80,11 +80,6 @@ struct EngineDescObj : torch::CustomClassHolder {
 };
 using EngineDescRef = c10::intrusive_ptr<EngineDescObj>;
 
-struct MemoryDescObj : torch::CustomClassHolder {
-  MemoryDesc d;
-  explicit MemoryDescObj(MemoryDesc x) : d(std::move(x)) {}
-};
-using MemoryDescRef = c10::intrusive_ptr<MemoryDescObj>;
 MemoryDescRef Wrap(MemoryDesc d) { return c10::make_intrusive<MemoryDescObj>(std::move(d)); }
 
 std::vector<MemoryDesc> ToDescs(const c10::List<MemoryDescRef>& l) {
@@ -120,41 +115,38 @@ std::vector<Int64Span> Spans(const c10::List<at::Tensor>& l, const char* name, s
   return out;
 }
 
-struct EngineObj : torch::CustomClassHolder {
-  std::shared_ptr<Engine> e;
-  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret, bool failover,
-            int64_t retry_attempts, int64_t retry_budget_ms) {
-    Guard([&] {
-      EngineConfig cfg;
-      cfg.host = host;
-      cfg.secret = secret;
-      cfg.port = static_cast<int>(config::Value({{"port", port}}, "IOEngineConfig", "port"));
-      cfg.retry.enabled = cfg.failover.enabled = failover;
-      cfg.retry.max_attempts =
-          static_cast<int>(config::Value({{"retry_attempts", retry_attempts}}, "IOEngineConfig", "retry_attempts"));
-      cfg.retry.budget_ms = config::Value({{"retry_budget_ms", retry_budget_ms}}, "IOEngineConfig", "retry_budget_ms");
-      e = std::make_shared<Engine>(key, cfg);
-      return 0;
-    });
-  }
-  ~EngineObj() override {
-    if (e) e->Shutdown();
-  }
+EngineObj::EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret,
+                     bool failover, int64_t retry_attempts, int64_t retry_budget_ms) {
+  Guard([&] {
+    EngineConfig cfg;
+    cfg.host = host;
+    cfg.secret = secret;
+    cfg.port = static_cast<int>(config::Value({{"port", port}}, "IOEngineConfig", "port"));
+    cfg.retry.enabled = cfg.failover.enabled = failover;
+    cfg.retry.max_attempts =
+        static_cast<int>(config::Value({{"retry_attempts", retry_attempts}}, "IOEngineConfig", "retry_attempts"));
+    cfg.retry.budget_ms = config::Value({{"retry_budget_ms", retry_budget_ms}}, "IOEngineConfig", "retry_budget_ms");
+    e = std::make_shared<Engine>(key, cfg);
+    return 0;
+  });
+}
 
-  MemoryDescRef RegisterTensor(const at::Tensor& t) {
-    TORCH_CHECK_VALUE(t.defined(), "register_torch_tensor: tensor is undefined");
-    TORCH_CHECK_VALUE(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", Str(t.sizes()),
-                      ", strides ", Str(t.strides()), "); call .contiguous() first");
-    TORCH_CHECK_VALUE(t.nbytes() > 0, "register_torch_tensor: tensor has no bytes");
-    const auto ptr = reinterpret_cast<uint64_t>(t.data_ptr());
-    const auto size = static_cast<int64_t>(t.nbytes());
-    if (t.device().is_cpu()) {
-      return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, -1, MemoryLocationType::CPU)); });
-    }
-    return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, t.device().index(), MemoryLocationType::GPU)); });
+EngineObj::~EngineObj() {
+  if (e) e->Shutdown();
+}
+
+MemoryDescRef EngineObj::RegisterTensor(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.defined(), "register_torch_tensor: tensor is undefined");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "register_torch_tensor: tensor must be contiguous (got sizes ", Str(t.sizes()),
+                    ", strides ", Str(t.strides()), "); call .contiguous() first");
+  TORCH_CHECK_VALUE(t.nbytes() > 0, "register_torch_tensor: tensor has no bytes");
+  const auto ptr = reinterpret_cast<uint64_t>(t.data_ptr());
+  const auto size = static_cast<int64_t>(t.nbytes());
+  if (t.device().is_cpu()) {
+    return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, -1, MemoryLocationType::CPU)); });
   }
-};
-using EngineRef = c10::intrusive_ptr<EngineObj>;
+  return Guard([&] { return Wrap(e->RegisterMemory(ptr, size, t.device().index(), MemoryLocationType::GPU)); });
+}
 
 c10::List<StatusRef> WrapAll(const std::vector<StatusPtr>& v) {
   c10::List<StatusRef> out;

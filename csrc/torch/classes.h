@@ -1,17 +1,33 @@
 // Custom-class holders shared by classes.cpp (which registers them),
-// ops.cpp (whose ops take a session) and status_poll.cpp (which reads a
-// status without TorchScript's method call).
+// ops.cpp (whose ops take a session) and fast_calls.cpp (which reads a
+// status or allocates a uid without TorchScript's method call).
 #pragma once
 
 #include <torch/custom_class.h>
 
 #include <memory>
 
+#include "core/engine.h"
 #include "core/session.h"
 #include "core/types.h"
 
 namespace mori_torch {
 namespace bind {
+
+struct MemoryDescObj : torch::CustomClassHolder {
+  MemoryDesc d;
+  explicit MemoryDescObj(MemoryDesc x) : d(std::move(x)) {}
+};
+using MemoryDescRef = c10::intrusive_ptr<MemoryDescObj>;
+
+struct EngineObj : torch::CustomClassHolder {
+  std::shared_ptr<Engine> e;
+  EngineObj(const std::string& key, const std::string& host, int64_t port, const std::string& secret, bool failover,
+            int64_t retry_attempts, int64_t retry_budget_ms);
+  ~EngineObj() override;
+  MemoryDescRef RegisterTensor(const at::Tensor& t);
+};
+using EngineRef = c10::intrusive_ptr<EngineObj>;
 
 struct SessionObj : torch::CustomClassHolder {
   std::shared_ptr<Session> s;

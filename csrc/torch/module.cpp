@@ -6,7 +6,8 @@
 // that serving engines pass into int64 tensors in C (a few ns per entry:
 // torch/int64_lists.h), since the
 // TorchScript boundary converts a List[int] at about 20 ns per entry;
-// status_code polls a status (torch/status_poll.h); config_table hands the
+// status_code polls a status and transfer_uid allocates a uid
+// (torch/fast_calls.h); config_table hands the
 // settings table to mori_torch.config.
 // The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
 // that nothing is generated into the source tree at build time.
@@ -21,8 +22,8 @@
 #include "core/logging.h"
 
 #include "base/config_table.h"
+#include "torch/fast_calls.h"
 #include "torch/int64_lists.h"
-#include "torch/status_poll.h"
 
 namespace {
 
@@ -109,6 +110,8 @@ PyMethodDef kMethods[] = {
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::Int64TensorsFromLists)),
      METH_FASTCALL,
      "int64_tensors(lists, what) -> int64 tensors of every list or tuple of ints in `lists`; errors name what[i][j]."},
+    {"transfer_uid", mori_torch::bind::TransferUidOf, METH_O,
+     "transfer_uid(session_or_engine) -> the next transfer uid of a torch.classes.mori.Session or Engine."},
     {"status_code", mori_torch::bind::StatusCodeOf, METH_O,
      "status_code(status) -> int: a native TransferStatus's code, without TorchScript's method call"},
     {"config_table", ConfigTable, METH_NOARGS,

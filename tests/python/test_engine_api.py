@@ -215,4 +215,18 @@ def test_allocate_transfer_uid_increases_and_sessions_share_it():
     assert s is not None
     u = s.allocate_transfer_uid()
     assert u > uids[-1] and e.allocate_transfer_uid() > u
+    # The io layer's calls go through _C.transfer_uid; the native methods
+    # take from the same counter.
+    mixed = [s.allocate_transfer_uid(), s._s.allocate_transfer_uid(), e.allocate_transfer_uid(),
+             e._e.allocate_transfer_uid(), s.allocate_transfer_uid()]
+    assert mixed == sorted(mixed) and len(set(mixed)) == 5
+    from mori_torch import _C
+
+    for bad in (None, 7, "engine", torch.zeros(1), d._d, TransferStatus()._s):
+        with pytest.raises(TypeError, match="expected a torch.classes.mori.Session or Engine"):
+            _C.transfer_uid(bad)
     e.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        e.allocate_transfer_uid()
+    with pytest.raises(RuntimeError, match="shut down"):
+        s.allocate_transfer_uid()
