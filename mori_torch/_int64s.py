@@ -40,10 +40,11 @@ def int64s_each(what: str, seqs) -> list:
     lists, one per memory pair); errors name ``what[i]``.
 
     When every entry is a list or tuple, all are read in one call in C;
-    otherwise each entry as ``int64s``.
+    tensors pass as they are; anything else as ``int64s`` (its name is
+    formatted only then: it costs as much as passing a tensor).
     """
     if type(seqs) is not list and type(seqs) is not tuple:
         seqs = list(seqs)
     if all(type(v) is list or type(v) is tuple for v in seqs):
         return _C.int64_tensors(seqs, what)
-    return [int64s(f"{what}[{i}]", v) for i, v in enumerate(seqs)]
+    return [v if isinstance(v, torch.Tensor) else int64s(f"{what}[{i}]", v) for i, v in enumerate(seqs)]
