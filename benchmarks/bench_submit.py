@@ -20,6 +20,7 @@ mori_torch.io against TorchScript's method call.
     python benchmarks/bench_submit.py --json docs/results/submit_cpu.json
 """
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -147,20 +148,25 @@ def main():
     lo1, ro1, sz1 = one[:k], one[k:2 * k], one[2 * k:]
     t_lo, t_ro, t_sz = (torch.tensor(x[:per * k], dtype=torch.int64) for x in (lo, ro, sizes))
     t1 = [torch.tensor([x[i * per] for i in range(k)], dtype=torch.int64) for x in (lo, ro, sizes)]
-    uids = list(range(1 << 40, (1 << 40) + k))
+    fresh = itertools.count(1 << 40)  # uids as a caller would hold them: new ones, not allocated in the call
+
+    def uids():
+        return [next(fresh) for _ in range(k)]
+
     parts = {
-        f"engine batch_write, {k} pairs x {per}": lambda: a.batch_write([sd] * k, los, [dd] * k, ros, szs, uids),
-        f"session batch_write, 1 x {per * k}": lambda: sess.batch_write(t_lo, t_ro, t_sz, 1),
-        f"engine batch_write, {k} pairs x 1": lambda: a.batch_write([sd] * k, lo1, [dd] * k, ro1, sz1, uids),
-        f"session batch_write, 1 x {k}": lambda: sess.batch_write(*t1, 1),
+        f"engine batch_write, {k} pairs x {per}": lambda: a.batch_write([sd] * k, los, [dd] * k, ros, szs, uids()),
+        f"session batch_write, 1 x {per * k}": lambda: sess.batch_write(t_lo, t_ro, t_sz, next(fresh)),
+        f"engine batch_write, {k} pairs x 1": lambda: a.batch_write([sd] * k, lo1, [dd] * k, ro1, sz1, uids()),
+        f"session batch_write, 1 x {k}": lambda: sess.batch_write(*t1, next(fresh)),
         f"{k} x IOEngine.allocate_transfer_uid": lambda: [a.allocate_transfer_uid() for _ in range(k)] and [],
     }
+    part_ns = {form: [] for form in parts}
     for _ in range(3):  # alternating rounds
         for form, fn in parts.items():
-            FAULTS.setdefault("parts", {}).setdefault(form, []).append(timed(fn, args.repeats))
+            part_ns[form].append(timed(fn, args.repeats))
     base_form = f"session batch_write, 1 x {per * k}"
-    base = statistics.median(FAULTS["parts"][base_form])
-    for form, v in FAULTS.pop("parts").items():
+    base = statistics.median(part_ns[base_form])
+    for form, v in part_ns.items():
         ns = statistics.median(v)
         records.append(dict(backend=args.backend, kind="engine part", form=form, call_us=ns / 1e3,
                             baseline=base_form + ", same run", baseline_call_us=base / 1e3, rounds=3, machine=machine))

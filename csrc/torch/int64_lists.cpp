@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <new>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,20 @@ bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
   return true;
 }
 
+// Runs a function body of ours; nothing C++ may cross the C boundary, so
+// what it throws becomes a Python error (out of memory: MemoryError).
+template <class F>
+PyObject* NothingThrown(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
 bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
 
 // The arguments (sequence, what: str) of both functions: the sequence, with
@@ -131,41 +146,55 @@ PyObject* SequenceAndName(PyObject* const* args, Py_ssize_t nargs, const char* u
 }  // namespace
 
 PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  const char* what = nullptr;
-  PyObject* seq = SequenceAndName(args, nargs, "int64_tensor(values, what: str)", " of ints", &what);
-  if (seq == nullptr) return nullptr;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
-  if (!ReadAll(seq, n, t.data_ptr<int64_t>(), what)) return nullptr;
-  return THPVariable_Wrap(std::move(t));
+  return NothingThrown([&]() -> PyObject* {
+    const char* what = nullptr;
+    PyObject* seq = SequenceAndName(args, nargs, "int64_tensor(values, what: str)", " of ints", &what);
+    if (seq == nullptr) return nullptr;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
+    if (!ReadAll(seq, n, t.data_ptr<int64_t>(), what)) return nullptr;
+    return THPVariable_Wrap(std::move(t));
+  });
 }
 
 PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  const char* what = nullptr;
-  PyObject* seqs = SequenceAndName(args, nargs, "int64_tensors(lists, what: str)", "", &what);
-  if (seqs == nullptr) return nullptr;
-  const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
-  // References to the lists themselves: an entry's __index__ may change the
-  // outer list while a later list waits to be read.
-  std::vector<pybind11::object> held;
-  held.reserve(m);
-  for (Py_ssize_t i = 0; i < m; ++i) {
-    PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
-    if (!IsListOrTuple(seq)) {
-      PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i, Py_TYPE(seq)->tp_name);
-      return nullptr;
+  return NothingThrown([&]() -> PyObject* {
+    const char* what = nullptr;
+    PyObject* seqs = SequenceAndName(args, nargs, "int64_tensors(lists, what: str)", "", &what);
+    if (seqs == nullptr) return nullptr;
+    const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
+    // References to the lists themselves: an entry's __index__ may change
+    // the outer list while a later list waits to be read.
+    std::vector<pybind11::object> held;
+    held.reserve(m);
+    for (Py_ssize_t i = 0; i < m; ++i) {
+      PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
+      if (!IsListOrTuple(seq)) {
+        PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i,
+                     Py_TYPE(seq)->tp_name);
+        return nullptr;
+      }
+      held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
     }
-    held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
-  }
-  pybind11::list out(m);
-  for (Py_ssize_t i = 0; i < m; ++i) {
-    const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
-    at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
-    if (!ReadAll(held[i].ptr(), n, t.data_ptr<int64_t>(), name.c_str())) return nullptr;
-    PyList_SET_ITEM(out.ptr(), i, THPVariable_Wrap(std::move(t)));
-  }
-  return out.release().ptr();
+    // The result list is made only once every list is read: an entry's
+    // __index__ may run any Python code, which must never find a list of
+    // ours with empty slots (gc.get_objects() would hand it out).
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(m);
+    for (Py_ssize_t i = 0; i < m; ++i) {
+      const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
+      tensors.push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
+      if (!ReadAll(held[i].ptr(), n, tensors.back().data_ptr<int64_t>(), name.c_str())) return nullptr;
+    }
+    pybind11::list out(m);
+    for (Py_ssize_t i = 0; i < m; ++i) {
+      PyObject* t = THPVariable_Wrap(std::move(tensors[i]));
+      if (t == nullptr) return nullptr;
+      PyList_SET_ITEM(out.ptr(), i, t);
+    }
+    return out.release().ptr();
+  });
 }
 
 }  // namespace bind

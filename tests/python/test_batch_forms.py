@@ -131,8 +131,11 @@ def test_long_lists_convert_exactly_and_name_their_first_bad_entry(n):
     in order: the values come out exact and an error names the first bad
     entry."""
     rng = random.Random(n)
-    widths = (1 << 30, 1 << 60, 1 << 63)
-    values = [rng.randrange(-w, w) for w in (rng.choice(widths) for _ in range(n))]
+    # Mostly ints the fast loop reads (one and two digits, either sign),
+    # and a few past 2^60 late in the list, where it hands over.
+    values = [rng.randrange(-w, w) for w in (rng.choice((1 << 30, 1 << 60)) for _ in range(n))]
+    for i in (n - 7, n - 3):
+        values[i] = rng.choice((1, -1)) * rng.randrange(1 << 60, 1 << 63)
     assert int64s("offsets", values).tolist() == values
     assert int64s("offsets", tuple(values)).tolist() == values
     for i in (0, 2047, 2048, n // 2, n - 1):
@@ -159,7 +162,8 @@ def test_the_lists_of_an_engine_batch_convert_together_and_name_pair_and_entry()
     entries here) are read in one call; errors name the pair and the entry;
     other forms mixed in convert one by one."""
     rng = random.Random(5)
-    lists = [[rng.randrange(-(1 << 62), 1 << 62) for _ in range(2048)] for _ in range(16)]
+    lists = [[rng.randrange(-(1 << 60), 1 << 60) for _ in range(2048)] for _ in range(16)]
+    lists[3][1000] = (1 << 63) - 1  # past the fast loop's two digits, mid-list
     got = int64s_each("local_offsets", lists)
     assert [t.tolist() for t in got] == lists
     assert [t.tolist() for t in int64s_each("local_offsets", tuple(tuple(x) for x in lists))] == lists
@@ -191,6 +195,24 @@ def test_an_index_that_changes_another_list_of_the_batch_is_read_as_it_is_then()
     first, second = int64s_each("offsets", lists)
     assert first.tolist() == [0] * 4999 + [7]
     assert second.tolist() == [4096] * 5000 + [8192] * 100_000
+
+
+def test_code_run_by_an_index_never_sees_a_half_built_result():
+    """An entry's __index__ may run any Python code, gc.get_objects()
+    included: it must never find the result list with empty slots."""
+    import gc
+
+    seen = []
+
+    class Looks:
+        def __index__(self):
+            for o in gc.get_objects():
+                if type(o) is list and len(o) == 3 and o is not lists and o is not seen:
+                    seen.append([type(x) for x in o])  # touching an empty slot would crash
+            return 1
+
+    lists = [[Looks()], [2], [3]]
+    assert [t.tolist() for t in int64s_each("x", lists)] == [[1], [2], [3]]
 
 
 def test_a_list_that_shrinks_while_read_is_an_error_not_a_crash():
