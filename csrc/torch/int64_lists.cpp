@@ -79,10 +79,12 @@ bool IntToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) {
 // the entry). A list that is no longer n long (an entry's __index__ may
 // change any list) is refused: out holds n entries.
 bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
-  if (PySequence_Fast_GET_SIZE(seq) != n) {
+  auto resized = [&] {
+    if (PySequence_Fast_GET_SIZE(seq) == n) return false;
     PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
-    return false;
-  }
+    return true;
+  };
+  if (resized()) return false;
   PyObject* const* items = PySequence_Fast_ITEMS(seq);
   Py_ssize_t i = 0;
   while (i < n && SmallExactInt(items[i], &out[i])) ++i;
@@ -101,21 +103,30 @@ bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
     if (idx == nullptr) return false;
     const bool ok = IntToInt64(idx, what, i, &out[i]);
     Py_DECREF(idx);
-    if (!ok) return false;
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
-      PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
-      return false;
-    }
+    if (!ok || resized()) return false;
   }
   return true;
 }
 
-// Runs a function body of ours; nothing C++ may cross the C boundary, so
-// what it throws becomes a Python error (out of memory: MemoryError).
+bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
+
+// The frame of both functions: checks their arguments (sequence, what: str)
+// and runs `body(sequence, what)`. Nothing C++ may cross the C boundary, so
+// what the body throws becomes a Python error (out of memory: MemoryError).
 template <class F>
-PyObject* NothingThrown(F&& body) {
+PyObject* ListCall(PyObject* const* args, Py_ssize_t nargs, const char* usage, const char* of, F&& body) {
+  if (nargs != 2 || !PyUnicode_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return nullptr;
+  }
+  const char* what = PyUnicode_AsUTF8(args[1]);
+  if (what == nullptr) return nullptr;
+  if (!IsListOrTuple(args[0])) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple%s, got %s", what, of, Py_TYPE(args[0])->tp_name);
+    return nullptr;
+  }
   try {
-    return body();
+    return body(args[0], what);
   } catch (const std::bad_alloc&) {
     return PyErr_NoMemory();
   } catch (const std::exception& e) {
@@ -124,77 +135,54 @@ PyObject* NothingThrown(F&& body) {
   }
 }
 
-bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
-
-// The arguments (sequence, what: str) of both functions: the sequence, with
-// `what`, or nullptr with a Python error set.
-PyObject* SequenceAndName(PyObject* const* args, Py_ssize_t nargs, const char* usage, const char* of,
-                          const char** what) {
-  if (nargs != 2 || !PyUnicode_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, usage);
-    return nullptr;
-  }
-  *what = PyUnicode_AsUTF8(args[1]);
-  if (*what == nullptr) return nullptr;
-  if (!IsListOrTuple(args[0])) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple%s, got %s", *what, of, Py_TYPE(args[0])->tp_name);
-    return nullptr;
-  }
-  return args[0];
-}
-
 }  // namespace
 
 PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return NothingThrown([&]() -> PyObject* {
-    const char* what = nullptr;
-    PyObject* seq = SequenceAndName(args, nargs, "int64_tensor(values, what: str)", " of ints", &what);
-    if (seq == nullptr) return nullptr;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
-    if (!ReadAll(seq, n, t.data_ptr<int64_t>(), what)) return nullptr;
-    return THPVariable_Wrap(std::move(t));
-  });
+  return ListCall(args, nargs, "int64_tensor(values, what: str)", " of ints",
+                  [](PyObject* seq, const char* what) -> PyObject* {
+                    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+                    at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
+                    if (!ReadAll(seq, n, t.data_ptr<int64_t>(), what)) return nullptr;
+                    return THPVariable_Wrap(std::move(t));
+                  });
 }
 
 PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return NothingThrown([&]() -> PyObject* {
-    const char* what = nullptr;
-    PyObject* seqs = SequenceAndName(args, nargs, "int64_tensors(lists, what: str)", "", &what);
-    if (seqs == nullptr) return nullptr;
-    const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
-    // References to the lists themselves: an entry's __index__ may change
-    // the outer list while a later list waits to be read.
-    std::vector<pybind11::object> held;
-    held.reserve(m);
-    for (Py_ssize_t i = 0; i < m; ++i) {
-      PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
-      if (!IsListOrTuple(seq)) {
-        PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i,
-                     Py_TYPE(seq)->tp_name);
-        return nullptr;
-      }
-      held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
-    }
-    // The result list is made only once every list is read: an entry's
-    // __index__ may run any Python code, which must never find a list of
-    // ours with empty slots (gc.get_objects() would hand it out).
-    std::vector<at::Tensor> tensors;
-    tensors.reserve(m);
-    for (Py_ssize_t i = 0; i < m; ++i) {
-      const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-      const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
-      tensors.push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
-      if (!ReadAll(held[i].ptr(), n, tensors.back().data_ptr<int64_t>(), name.c_str())) return nullptr;
-    }
-    pybind11::list out(m);
-    for (Py_ssize_t i = 0; i < m; ++i) {
-      PyObject* t = THPVariable_Wrap(std::move(tensors[i]));
-      if (t == nullptr) return nullptr;
-      PyList_SET_ITEM(out.ptr(), i, t);
-    }
-    return out.release().ptr();
-  });
+  return ListCall(args, nargs, "int64_tensors(lists, what: str)", "",
+                  [](PyObject* seqs, const char* what) -> PyObject* {
+                    const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
+                    // References to the lists themselves: an entry's __index__ may change
+                    // the outer list while a later list waits to be read.
+                    std::vector<pybind11::object> held;
+                    held.reserve(m);
+                    for (Py_ssize_t i = 0; i < m; ++i) {
+                      PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
+                      if (!IsListOrTuple(seq)) {
+                        PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i,
+                                     Py_TYPE(seq)->tp_name);
+                        return nullptr;
+                      }
+                      held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
+                    }
+                    // The result list is made only once every list is read: an entry's
+                    // __index__ may run any Python code, which must never find a list of
+                    // ours with empty slots (gc.get_objects() would hand it out).
+                    std::vector<at::Tensor> tensors;
+                    tensors.reserve(m);
+                    for (Py_ssize_t i = 0; i < m; ++i) {
+                      const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+                      const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
+                      tensors.push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
+                      if (!ReadAll(held[i].ptr(), n, tensors.back().data_ptr<int64_t>(), name.c_str())) return nullptr;
+                    }
+                    pybind11::list out(m);
+                    for (Py_ssize_t i = 0; i < m; ++i) {
+                      PyObject* t = THPVariable_Wrap(std::move(tensors[i]));
+                      if (t == nullptr) return nullptr;
+                      PyList_SET_ITEM(out.ptr(), i, t);
+                    }
+                    return out.release().ptr();
+                  });
 }
 
 }  // namespace bind
