@@ -13,20 +13,20 @@ uint64_t TotalBytes(const std::vector<Segment>& segs) {
   return t;
 }
 
-namespace {
-
-// In place and in one O(n) pass (no sorting, no allocation).
-void MergeInPlace(std::vector<Segment>* segs) {
+uint64_t MergeContiguousInPlace(std::vector<Segment>* segs) {
   Segment* v = segs->data();
   const size_t n = segs->size();
   // Read-only scan up to the first entry that is empty or continues its
   // predecessor: a batch of scattered pages is left untouched, no stores.
+  uint64_t largest = 0;
   size_t i = 0;
   if (n > 0 && v[0].size != 0) {
+    largest = v[0].size;
     for (i = 1; i < n; ++i) {
       const Segment& b = v[i - 1];
       const Segment& s = v[i];
       if (s.size == 0 || (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off)) break;
+      largest = std::max(largest, s.size);
     }
   }
   size_t kept = i;  // v[0, kept) is the merged prefix
@@ -37,15 +37,16 @@ void MergeInPlace(std::vector<Segment>* segs) {
       Segment& b = v[kept - 1];
       if (b.local_off + b.size == s.local_off && b.remote_off + b.size == s.remote_off) {
         b.size += s.size;
+        largest = std::max(largest, b.size);
         continue;
       }
     }
     v[kept++] = s;
+    largest = std::max(largest, s.size);
   }
   segs->resize(kept);
+  return largest;
 }
-
-}  // namespace
 
 namespace {
 
@@ -88,20 +89,13 @@ std::shared_ptr<SegmentBatch> NewSegmentBatch() {
   static BatchPool* const pool = new BatchPool();
   std::unique_ptr<SegmentBatch> b = pool->Take();
   b->total_bytes = b->max_bytes = 0;
-  b->mergeable = false;
   return std::shared_ptr<SegmentBatch>(b.release(), [](SegmentBatch* p) { pool->Give(p); });
 }
 
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
   std::vector<Segment> out = segs;
-  MergeInPlace(&out);
+  MergeContiguousInPlace(&out);
   return out;
-}
-
-const std::vector<Segment>& MergedView(const SegmentBatch& batch, std::vector<Segment>* scratch) {
-  if (!batch.mergeable) return batch.segs;
-  *scratch = MergeContiguous(batch.segs);
-  return *scratch;
 }
 
 std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, uint64_t total, size_t parts) {

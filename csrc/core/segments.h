@@ -17,18 +17,15 @@ struct Segment {
   uint64_t size = 0;
 };
 
-// A transfer's validated segments with the facts every backend asks for,
-// found in the one validating pass (BuildSegments) and then shared
-// read-only: the retry driver's template and the attempt in flight hold the
+// A transfer's validated segments, contiguous neighbours merged, with the
+// facts every backend asks for, found while building it (BuildSegments) and
+// then shared read-only: the retry driver's template and the attempt in flight hold the
 // same list, so a 16,384-page batch is neither copied per submit nor walked
 // again for its byte count.
 struct SegmentBatch {
   std::vector<Segment> segs;
   uint64_t total_bytes = 0;
   uint64_t max_bytes = 0;  // the largest segment's size
-  // MergeContiguous would change the list: some segment is empty or
-  // continues its predecessor on both sides. Scattered pages: false.
-  bool mergeable = false;
 };
 using SharedSegments = std::shared_ptr<const SegmentBatch>;
 
@@ -46,9 +43,9 @@ uint64_t TotalBytes(const std::vector<Segment>& segs);
 // Drops empty segments and merges neighbours that are contiguous on both
 // sides (order is kept: only adjacent entries merge).
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs);
-// The batch's list merged where that changes it, else the list itself
-// (no copy); *scratch holds the merged list while the reference is used.
-const std::vector<Segment>& MergedView(const SegmentBatch& batch, std::vector<Segment>* scratch);
+// The same in place, in one O(n) pass without allocating; returns the
+// largest merged segment's size.
+uint64_t MergeContiguousInPlace(std::vector<Segment>* segs);
 
 // Cuts `segs` (`total` bytes: the batch's count, not walked again) into at
 // most `parts` lists of nearly equal byte counts, splitting segments where

@@ -35,8 +35,9 @@ struct Int64Span {
 #endif
 };
 
-// Builds the segment list of one transfer with its byte count and whether
-// it would merge; returns SUCCESS or ERR_INVALID_ARGS with *msg set (and
+// Builds the segment list of one transfer, merged where neighbours are
+// contiguous on both sides (empty segments dropped), with its byte count
+// and largest segment; returns SUCCESS or ERR_INVALID_ARGS with *msg set (and
 // *out empty). One tight pass over the arrays when all is well; the message
 // for a bad segment is built only on failure.
 StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, const MemoryDesc& local,

@@ -93,6 +93,13 @@ TEST(MergeContiguousTest, RandomizedPreservesTheByteMap) {
     const auto out = MergeContiguous(in);
     ASSERT_EQ(ByteMap(out), ByteMap(in));
     ASSERT_EQ(TotalBytes(out), TotalBytes(in));
+    // In place: the same list, and the largest merged segment.
+    std::vector<Segment> here = in;
+    const uint64_t largest = MergeContiguousInPlace(&here);
+    ASSERT_EQ(here, out);
+    uint64_t want_largest = 0;
+    for (const Segment& s : out) want_largest = std::max(want_largest, s.size);
+    ASSERT_EQ(largest, want_largest);
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_GT(out[i].size, 0u);
       if (i > 0) {

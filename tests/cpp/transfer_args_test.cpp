@@ -66,7 +66,6 @@ TEST(BuildSegmentsTest, APooledBatchIsReusedAndRebuiltExactly) {
   if (SegmentBatchesPooled()) EXPECT_EQ(again.get(), first);  // the list let go last is taken first
   EXPECT_EQ(again->total_bytes, 0u);
   EXPECT_EQ(again->max_bytes, 0u);
-  EXPECT_FALSE(again->mergeable);
   Args small{{4, 20}, {0, 8}, {2, 4}};
   ASSERT_EQ(Build(small, 32, 32, again.get(), &msg), StatusCode::SUCCESS) << msg;
   ASSERT_EQ(again->segs.size(), 2u);
@@ -153,7 +152,12 @@ TEST(BuildSegmentsTest, RandomizedAgreesWithPerSegmentChecks) {
     const StatusCode c = Build(a, lsize, rsize, &out, &msg);
     if (first_bad < 0) {
       ASSERT_EQ(c, StatusCode::SUCCESS) << msg;
-      ASSERT_EQ(out.segs.size(), static_cast<size_t>(n));
+      std::vector<Segment> given;
+      for (int i = 0; i < n; ++i) {
+        given.push_back(
+            {static_cast<uint64_t>(a.lo[i]), static_cast<uint64_t>(a.ro[i]), static_cast<uint64_t>(a.sz[i])});
+      }
+      ASSERT_EQ(out.segs.size(), MergeContiguous(given).size());  // merged, empty segments dropped
     } else {
       ASSERT_EQ(c, StatusCode::ERR_INVALID_ARGS);
       if (n > 1) ASSERT_NE(msg.find("segment " + std::to_string(first_bad)), std::string::npos) << msg;
@@ -196,8 +200,11 @@ TEST(BuildSegmentsTest, LongListsFindTheirOneBadSegmentAnywhere) {
   std::string msg;
   ASSERT_EQ(Build(ok, big + 4096 * n, 4096 * n, &out, &msg), StatusCode::SUCCESS) << msg;
   EXPECT_EQ(out.total_bytes, 4096u * n);
-  EXPECT_EQ(out.max_bytes, 4096u);
-  EXPECT_TRUE(out.mergeable);  // every page continues the previous one on both sides
+  // Every page continues the previous one on both sides: one segment.
+  ASSERT_EQ(out.segs.size(), 1u);
+  EXPECT_EQ(out.segs[0].local_off, big);
+  EXPECT_EQ(out.segs[0].remote_off, 0u);
+  EXPECT_EQ(out.max_bytes, 4096u * n);
 }
 
 bool SameSegments(const std::vector<Segment>& a, const std::vector<Segment>& b) {
@@ -208,33 +215,35 @@ bool SameSegments(const std::vector<Segment>& a, const std::vector<Segment>& b) 
   return true;
 }
 
-// The facts found in the validating pass: the byte count, and whether
-// merging would change the list (then MergedView merges, else it is the
-// list itself, uncopied).
-TEST(BuildSegmentsTest, KnowsTheByteCountAndWhetherTheListWouldMerge) {
+// The list comes back merged: neighbours contiguous on both sides join,
+// empty segments go, order stays; the facts are the merged list's.
+TEST(BuildSegmentsTest, MergesContiguousNeighboursAndKnowsTheFacts) {
   SegmentBatch out;
   std::string msg;
   ASSERT_EQ(Build(Args{{0, 64, 32}, {96, 0, 64}, {16, 16, 16}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
   EXPECT_EQ(out.total_bytes, 48u);
-  EXPECT_FALSE(out.mergeable);  // scattered pages
-  std::vector<Segment> scratch;
-  EXPECT_EQ(&MergedView(out, &scratch), &out.segs);
+  EXPECT_EQ(out.segs.size(), 3u);  // scattered pages
   ASSERT_EQ(Build(Args{{0, 16}, {32, 48}, {16, 16}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
-  EXPECT_TRUE(out.mergeable);  // the second continues the first on both sides
-  const std::vector<Segment>& merged = MergedView(out, &scratch);
-  ASSERT_EQ(merged.size(), 1u);
-  EXPECT_EQ(merged[0].size, 32u);
+  ASSERT_EQ(out.segs.size(), 1u);  // the second continues the first on both sides
+  EXPECT_EQ(out.segs[0].size, 32u);
+  EXPECT_EQ(out.max_bytes, 32u);
+  EXPECT_EQ(out.total_bytes, 32u);
   ASSERT_EQ(Build(Args{{0, 16}, {32, 0}, {16, 16}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
-  EXPECT_FALSE(out.mergeable);  // contiguous locally only
+  EXPECT_EQ(out.segs.size(), 2u);  // contiguous locally only
+  EXPECT_EQ(out.max_bytes, 16u);
   ASSERT_EQ(Build(Args{{0, 5}, {32, 9}, {16, 0}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
-  EXPECT_TRUE(out.mergeable);  // an empty segment is dropped
+  ASSERT_EQ(out.segs.size(), 1u);  // an empty segment is dropped
+  EXPECT_EQ(out.segs[0].local_off, 0u);
+  ASSERT_EQ(Build(Args{{0, 5}, {0, 9}, {0, 0}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
+  EXPECT_TRUE(out.segs.empty());  // nothing but empty segments
+  EXPECT_EQ(out.total_bytes, 0u);
+  EXPECT_EQ(out.max_bytes, 0u);
   ASSERT_EQ(Build(Args{{}, {}, {}}, 128, 128, &out, &msg), StatusCode::SUCCESS) << msg;
-  EXPECT_FALSE(out.mergeable);
   EXPECT_EQ(out.total_bytes, 0u);
   // A rejected batch leaves no facts behind.
   ASSERT_EQ(Build(Args{{0, 16}, {32, 48}, {16, 200}}, 128, 128, &out, &msg), StatusCode::ERR_INVALID_ARGS);
   EXPECT_EQ(out.total_bytes, 0u);
-  EXPECT_FALSE(out.mergeable);
+  EXPECT_TRUE(out.segs.empty());
 }
 
 TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
@@ -257,20 +266,16 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
     SegmentBatch out;
     std::string msg;
     ASSERT_EQ(Build(a, 1024, 1024, &out, &msg), StatusCode::SUCCESS) << msg;
-    EXPECT_EQ(out.total_bytes, TotalBytes(out.segs));
-    ASSERT_EQ(out.segs.size(), static_cast<size_t>(n));
-    uint64_t largest = 0;
+    std::vector<Segment> given;
     for (int i = 0; i < n; ++i) {
-      ASSERT_EQ(out.segs[i].local_off, static_cast<uint64_t>(a.lo[i]));
-      ASSERT_EQ(out.segs[i].remote_off, static_cast<uint64_t>(a.ro[i]));
-      ASSERT_EQ(out.segs[i].size, static_cast<uint64_t>(a.sz[i]));
-      largest = std::max(largest, static_cast<uint64_t>(a.sz[i]));
+      given.push_back({static_cast<uint64_t>(a.lo[i]), static_cast<uint64_t>(a.ro[i]), static_cast<uint64_t>(a.sz[i])});
     }
+    const std::vector<Segment> merged = MergeContiguous(given);
+    EXPECT_TRUE(SameSegments(out.segs, merged)) << "iteration " << iter;
+    EXPECT_EQ(out.total_bytes, TotalBytes(given));
+    uint64_t largest = 0;
+    for (const Segment& m : merged) largest = std::max(largest, m.size);
     EXPECT_EQ(out.max_bytes, largest);
-    const std::vector<Segment> merged = MergeContiguous(out.segs);
-    EXPECT_EQ(out.mergeable, !SameSegments(merged, out.segs)) << "iteration " << iter;
-    std::vector<Segment> scratch;
-    EXPECT_TRUE(SameSegments(MergedView(out, &scratch), merged));
   }
 }
 

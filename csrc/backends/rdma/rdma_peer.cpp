@@ -243,18 +243,16 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
 
   // Segments: sorted and merged where contiguous, cut at the message limit
   // (or the chunk size), spread over the QPs by bytes.
-  // Sorted into a copy where needed: the shared list stays as built for
-  // later attempts. A sorted list is merged only where that changes it
-  // (MergedView: scattered sorted pages are not copied).
+  // Sorted into a copy where needed: the shared list stays as built (and
+  // merged) for later attempts.
   std::vector<Segment> scratch;
-  const std::vector<Segment>* segs = &scratch;
-  if (SortedByRemote(op.segs->segs)) {
-    segs = &MergedView(*op.segs, &scratch);
-  } else {
-    std::vector<Segment> sorted = op.segs->segs;
-    std::sort(sorted.begin(), sorted.end(),
+  const std::vector<Segment>* segs = &op.segs->segs;
+  if (!SortedByRemote(op.segs->segs)) {
+    scratch = op.segs->segs;
+    std::sort(scratch.begin(), scratch.end(),
               [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
-    scratch = MergeContiguous(sorted);
+    MergeContiguousInPlace(&scratch);
+    segs = &scratch;
   }
   const uint64_t total = op.segs->total_bytes;
   if (total == 0) {
