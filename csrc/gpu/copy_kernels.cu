@@ -1,6 +1,7 @@
 // Gather/scatter copy kernel: one launch moves a whole batch of segments
-// whose list lives in device memory (or, for a handful of segments, in the
-// launch's parameters), so many small KV pages cost one launch.
+// whose list lives in device or mapped pinned host memory (or, for a
+// handful of segments, in the launch's parameters), so many small KV pages
+// cost one launch.
 #include <atomic>
 
 #include "base/error.h"
@@ -82,12 +83,24 @@ __device__ __forceinline__ CopySegment Placed(const CopySegment& e, uint64_t gi,
   return {b.dst_base[k] + (swap ? e.src : e.dst), b.src_base[k] + (swap ? e.dst : e.src), e.bytes};
 }
 
+// The list may live in pinned host memory (the XGMI backend's batches): a
+// group reads its next entry before copying the current one, so the
+// microsecond of a read across the bus overlaps the copy.
 __global__ void __launch_bounds__(kThreads)
     SegmentCopyKernel(const CopySegment* segs, uint32_t count, SegmentBases b, uint64_t first_index) {
   const uint32_t lane = threadIdx.x % kGroup;
-  const uint32_t stride = gridDim.x * kGroupsPerBlock;
-  for (uint32_t i = blockIdx.x * kGroupsPerBlock + threadIdx.x / kGroup; i < count; i += stride) {
-    CopySegmentByGroup(Placed(segs[i], first_index + i, b), lane);
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kGroupsPerBlock;
+  uint64_t i = static_cast<uint64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kGroup;
+  if (i >= count) return;
+  CopySegment cur = segs[i];
+  while (true) {
+    const uint64_t next = i + stride;
+    CopySegment ahead{};
+    if (next < count) ahead = segs[next];
+    CopySegmentByGroup(Placed(cur, first_index + i, b), lane);
+    if (next >= count) break;
+    i = next;
+    cur = ahead;
   }
 }
 

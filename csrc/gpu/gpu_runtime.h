@@ -89,7 +89,8 @@ struct SegmentBases {
   uint64_t src_base[kMaxBaseSets];
 };
 // Launches one gather/scatter kernel over `count` segments listed at
-// `device_segments` (device memory), on `s` (a stream of the current device).
+// `device_segments` (a device address: device memory, or pinned host memory
+// mapped into the device's address space), on `s` (a stream of the current device).
 // Each segment is copied by one group of threads: callers split large
 // segments (see SegmentCopyResidentGroups) so that the groups share the work.
 // `first_index`: the list index of device_segments[0] (a later chunk of a

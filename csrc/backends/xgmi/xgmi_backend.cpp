@@ -17,9 +17,8 @@
 namespace mori_torch {
 namespace xgmi {
 
-XgmiConfig XgmiConfig::FromMap(const BackendConfig &m) {
-  constexpr const char *kName =
-      "XgmiBackendConfig"; // defaults and ranges: base/config_table.cpp
+XgmiConfig XgmiConfig::FromMap(const BackendConfig& m) {
+  constexpr const char* kName = "XgmiBackendConfig";  // defaults and ranges: base/config_table.cpp
   config::CheckKnownKeys(m, kName);
   XgmiConfig c;
   c.num_streams = config::Value(m, kName, "num_streams");
@@ -36,47 +35,35 @@ XgmiConfig XgmiConfig::FromMap(const BackendConfig &m) {
 struct PendingCopy {
   std::mutex mu;
   std::vector<StatusPtr> statuses;
-  gpu::Event event = nullptr; // null once released
+  gpu::Event event = nullptr;  // null once released
   int device = -1;
   bool done = false;
   std::vector<MemoryUse> uses;
 
   // Checks the event; ends the statuses when the copies finished or failed.
   void Poll() {
-    gpu::RelaxedCaptureScope
-        relaxed; // callers' threads must not break a capture elsewhere
+    gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
     std::lock_guard<std::mutex> lk(mu);
-    if (done || !event)
-      return;
+    if (done || !event) return;
     try {
-      if (gpu::QueryEvent(event) == 0)
-        return;
-      for (const StatusPtr &s : statuses)
-        s->Update(StatusCode::SUCCESS);
-    } catch (const Error &e) {
-      for (const StatusPtr &s : statuses)
-        s->Update(StatusCode::ERR_GPU_OP, e.what());
+      if (gpu::QueryEvent(event) == 0) return;
+      for (const StatusPtr& s : statuses) s->Update(StatusCode::SUCCESS);
+    } catch (const Error& e) {
+      for (const StatusPtr& s : statuses) s->Update(StatusCode::ERR_GPU_OP, e.what());
     }
     done = true;
   }
 };
 
-XgmiBackend::XgmiBackend(const XgmiConfig &cfg, const BackendContext &ctx)
-    : cfg_(cfg), ctx_(ctx) {
+XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg_(cfg), ctx_(ctx) {
   if (gpu::DeviceCount() == 0) {
-    throw Error(StatusCode::ERR_BAD_STATE,
-                gpu::Compiled()
-                    ? "create_backend(XGMI): no GPU is visible"
-                    : "create_backend(XGMI): this build has no GPU support");
+    throw Error(StatusCode::ERR_BAD_STATE, gpu::Compiled() ? "create_backend(XGMI): no GPU is visible"
+                                                           : "create_backend(XGMI): this build has no GPU support");
   }
   ownership_ = FindService<MemoryOwnership>(ctx_);
-  if (!ownership_)
-    throw Error(StatusCode::ERR_BAD_STATE,
-                "create_backend(XGMI): the engine has no memory ownership");
+  if (!ownership_) throw Error(StatusCode::ERR_BAD_STATE, "create_backend(XGMI): the engine has no memory ownership");
   ownership_->SetRevoker(
-      [this](const std::string &owner, const std::vector<MemoryId> &ids) {
-        RevokeRemoteMemory(owner, ids);
-      });
+      [this](const std::string& owner, const std::vector<MemoryId>& ids) { RevokeRemoteMemory(owner, ids); });
   completion_thread_ = std::thread([this] {
     SetThreadName("mori-xgmi-done");
     CompletionLoop();
@@ -85,56 +72,46 @@ XgmiBackend::XgmiBackend(const XgmiConfig &cfg, const BackendContext &ctx)
 
 XgmiBackend::~XgmiBackend() { Shutdown(); }
 
-bool XgmiBackend::CanServe(const MemoryDesc &local, const MemoryDesc &remote,
-                           const EngineDesc &remote_engine) const {
-  return local.loc == MemoryLocationType::GPU &&
-         remote.loc == MemoryLocationType::GPU &&
+bool XgmiBackend::CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const {
+  return local.loc == MemoryLocationType::GPU && remote.loc == MemoryLocationType::GPU &&
          remote_engine.node_id == ctx_.self->node_id;
 }
 
-std::shared_ptr<BackendPeer> XgmiBackend::Peer(const EngineDesc &remote) {
+std::shared_ptr<BackendPeer> XgmiBackend::Peer(const EngineDesc& remote) {
   return peers_.GetOrCreate(remote.key, [&] {
     auto p = std::make_shared<XgmiPeer>(this, remote);
-    if (shut_.load())
-      p->Close();
+    if (shut_.load()) p->Close();
     return p;
   });
 }
 
-void XgmiBackend::RemovePeer(const std::string &key,
-                             const std::string & /*reason*/) {
-  if (auto p = peers_.Take(key))
-    p->Close();
+void XgmiBackend::RemovePeer(const std::string& key, const std::string& /*reason*/) {
+  if (auto p = peers_.Take(key)) p->Close();
 }
 
-void XgmiBackend::RevokeRemoteMemory(const std::string &owner_key,
-                                     const std::vector<MemoryId> &ids) {
-  if (auto p = peers_.Find(owner_key))
-    p->Revoke(ids);
+void XgmiBackend::RevokeRemoteMemory(const std::string& owner_key, const std::vector<MemoryId>& ids) {
+  if (auto p = peers_.Find(owner_key)) p->Revoke(ids);
 }
 
 void XgmiBackend::DrainCopies() {
-  gpu::RelaxedCaptureScope relaxed; // runs on a control-plane thread: never
-                                    // break a capture elsewhere
+  gpu::RelaxedCaptureScope relaxed;  // runs on a control-plane thread: never break a capture elsewhere
   std::lock_guard<std::mutex> lk(dev_mu_);
-  for (auto &kv : devices_) {
-    for (auto &lane : kv.second->lanes) {
+  for (auto& kv : devices_) {
+    for (auto& lane : kv.second->lanes) {
       gpu::SynchronizeStream(lane->stream);
-      gpu::SynchronizeStream(lane->upload);
     }
   }
 }
 
 size_t XgmiBackend::MappedRemoteMemories() {
   size_t n = 0;
-  for (auto &p : peers_.All())
-    n += p->MappedCount();
+  for (auto& p : peers_.All()) n += p->MappedCount();
   return n;
 }
 
-DeviceContext &XgmiBackend::Device(int device) {
+DeviceContext& XgmiBackend::Device(int device) {
   std::lock_guard<std::mutex> lk(dev_mu_);
-  auto &dc = devices_[device];
+  auto& dc = devices_[device];
   if (!dc) {
     auto fresh = std::make_unique<DeviceContext>();
     fresh->device = device;
@@ -143,13 +120,11 @@ DeviceContext &XgmiBackend::Device(int device) {
     for (int64_t i = 0; i < cfg_.num_streams; ++i) {
       auto lane = std::make_unique<DeviceContext::Lane>();
       lane->stream = gpu::CreateStream(device);
-      lane->upload = gpu::CreateStream(device);
       fresh->lanes.push_back(std::move(lane));
     }
     std::lock_guard<std::mutex> ek(event_mu_);
-    auto &pool = free_events_[device];
-    for (int64_t i = 0; i < cfg_.num_events; ++i)
-      pool.push_back(gpu::CreateEvent(device));
+    auto& pool = free_events_[device];
+    for (int64_t i = 0; i < cfg_.num_events; ++i) pool.push_back(gpu::CreateEvent(device));
     dc = std::move(fresh);
   }
   return *dc;
@@ -158,14 +133,14 @@ DeviceContext &XgmiBackend::Device(int device) {
 gpu::Event XgmiBackend::TakeEvent(int device) {
   {
     std::lock_guard<std::mutex> lk(event_mu_);
-    auto &pool = free_events_[device];
+    auto& pool = free_events_[device];
     if (!pool.empty()) {
       gpu::Event e = pool.back();
       pool.pop_back();
       return e;
     }
   }
-  return gpu::CreateEvent(device); // pool exhausted: grow
+  return gpu::CreateEvent(device);  // pool exhausted: grow
 }
 
 void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
@@ -173,19 +148,15 @@ void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
   free_events_[device].push_back(e);
 }
 
-uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes,
-                                       uint32_t resident_groups) {
+uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups) {
   // About two pieces per resident group, in whole 4 KiB units (which keeps
   // 16-byte alignment): one pass of a group's loads is 4 KiB.
   constexpr uint64_t kUnit = 4096;
-  const uint64_t want =
-      total_bytes /
-      (2 * static_cast<uint64_t>(resident_groups > 0 ? resident_groups : 1));
+  const uint64_t want = total_bytes / (2 * static_cast<uint64_t>(resident_groups > 0 ? resident_groups : 1));
   return std::max(kUnit, (want + kUnit - 1) / kUnit * kUnit);
 }
 
-std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext &dc,
-                                                   size_t entries) {
+std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext& dc, size_t entries) {
   std::unique_ptr<SegmentList> list;
   {
     std::lock_guard<std::mutex> lk(dc.lists_mu);
@@ -193,13 +164,9 @@ std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext &dc,
     // (grown below if too small); a new one only while it is still busy.
     // Skipping a too-small idle list instead made a batch that outgrew the
     // pool allocate a new list every time until num_streams lists existed.
-    auto &idle = dc.idle_lists;
-    const bool front_ready = !idle.empty() &&
-                             gpu::QueryEvent(idle.front()->copied) == 1 &&
-                             gpu::QueryEvent(idle.front()->consumed) == 1;
-    if (front_ready ||
-        (!idle.empty() &&
-         dc.list_count >= static_cast<size_t>(cfg_.num_streams))) {
+    auto& idle = dc.idle_lists;
+    const bool front_ready = !idle.empty() && gpu::QueryEvent(idle.front()->consumed) == 1;
+    if (front_ready || (!idle.empty() && dc.list_count >= static_cast<size_t>(cfg_.num_streams))) {
       list = std::move(idle.front());
       idle.pop_front();
     } else {
@@ -209,9 +176,7 @@ std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext &dc,
   if (!list) {
     list = std::make_unique<SegmentList>();
     try {
-      list->copied = gpu::CreateEvent(dc.device);
       list->consumed = gpu::CreateEvent(dc.device);
-      list->chunk_uploaded = gpu::CreateEvent(dc.device);
     } catch (...) {
       FreeList(*list, dc.device);
       std::lock_guard<std::mutex> lk(dc.lists_mu);
@@ -219,24 +184,18 @@ std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext &dc,
       throw;
     }
   }
+  // A reused list may be rewritten (or freed to grow) once its last kernel ran.
+  while (gpu::QueryEvent(list->consumed) == 0) std::this_thread::yield();
   if (list->capacity < entries) {
-    // The old arrays may still be uploaded or read.
-    while (gpu::QueryEvent(list->copied) == 0 ||
-           gpu::QueryEvent(list->consumed) == 0)
-      std::this_thread::yield();
     gpu::PinnedFree(list->host, list->capacity * sizeof(gpu::CopySegment));
-    gpu::DeviceFree(list->device, dc.device);
     list->host = nullptr;
-    list->device = nullptr;
+    list->device_view = 0;
     list->capacity = 0;
     size_t cap = 1024;
-    while (cap < entries)
-      cap *= 2;
+    while (cap < entries) cap *= 2;
     try {
-      list->host = static_cast<gpu::CopySegment *>(
-          gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
-      list->device = static_cast<gpu::CopySegment *>(
-          gpu::DeviceAlloc(dc.device, cap * sizeof(gpu::CopySegment)));
+      list->host = static_cast<gpu::CopySegment*>(gpu::PinnedAlloc(cap * sizeof(gpu::CopySegment), -1));
+      list->device_view = gpu::DevicePointerOfPinned(list->host);
     } catch (...) {
       gpu::PinnedFree(list->host, cap * sizeof(gpu::CopySegment));
       list->host = nullptr;
@@ -244,31 +203,21 @@ std::unique_ptr<SegmentList> XgmiBackend::TakeList(DeviceContext &dc,
       throw;
     }
     list->capacity = cap;
-  } else {
-    // Reused: the host half may be rewritten once its last upload ran.
-    while (gpu::QueryEvent(list->copied) == 0)
-      std::this_thread::yield();
   }
   return list;
 }
 
-void XgmiBackend::ReturnList(DeviceContext &dc,
-                             std::unique_ptr<SegmentList> list) {
+void XgmiBackend::ReturnList(DeviceContext& dc, std::unique_ptr<SegmentList> list) {
   std::lock_guard<std::mutex> lk(dc.lists_mu);
   dc.idle_lists.push_back(std::move(list));
 }
 
-void XgmiBackend::FreeList(SegmentList &list, int device) {
+void XgmiBackend::FreeList(SegmentList& list, int device) {
   gpu::PinnedFree(list.host, list.capacity * sizeof(gpu::CopySegment));
-  gpu::DeviceFree(list.device, device);
-  for (gpu::Event e : {list.copied, list.consumed, list.chunk_uploaded}) {
-    if (e)
-      gpu::DestroyEvent(e, device);
-  }
+  if (list.consumed) gpu::DestroyEvent(list.consumed, device);
 }
 
-void XgmiBackend::EnqueueKernel(DeviceContext &dc, DeviceContext::Lane &lane,
-                                const std::vector<CopySource> &sources,
+void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
                                 size_t segments, uint64_t total) {
   const uint64_t piece = KernelPieceBytes(total, dc.resident_groups);
   // Few pieces travel in the launch parameters: no list upload at all.
@@ -276,12 +225,10 @@ void XgmiBackend::EnqueueKernel(DeviceContext &dc, DeviceContext::Lane &lane,
     gpu::CopySegment inl[gpu::kInlineSegments];
     uint32_t n = 0;
     bool fits = true;
-    for (const CopySource &src : sources) {
-      for (const Segment &s : *src.segs) {
-        const uint64_t d =
-            src.dst_base + (src.is_read ? s.local_off : s.remote_off);
-        const uint64_t r =
-            src.src_base + (src.is_read ? s.remote_off : s.local_off);
+    for (const CopySource& src : sources) {
+      for (const Segment& s : *src.segs) {
+        const uint64_t d = src.dst_base + (src.is_read ? s.local_off : s.remote_off);
+        const uint64_t r = src.src_base + (src.is_read ? s.remote_off : s.local_off);
         for (uint64_t off = 0; off < s.size && fits; off += piece) {
           if (n == gpu::kInlineSegments)
             fits = false;
@@ -295,99 +242,80 @@ void XgmiBackend::EnqueueKernel(DeviceContext &dc, DeviceContext::Lane &lane,
       return;
     }
   }
-  std::unique_ptr<SegmentList> list =
-      TakeList(dc, segments + total / piece + 1);
+  std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
   // Transfers whose segments need no cutting (up to kMaxBaseSets of them)
   // go up as the engine validated them: offsets, to which the kernel adds
   // each transfer's two bases. Their lists are copied chunk by chunk, not
   // rewritten entry by entry.
-  static_assert(sizeof(Segment) == sizeof(gpu::CopySegment) &&
-                    offsetof(Segment, local_off) == 0 &&
-                    offsetof(Segment, remote_off) == 8 &&
-                    offsetof(Segment, size) == 16,
+  static_assert(sizeof(Segment) == sizeof(gpu::CopySegment) && offsetof(Segment, local_off) == 0 &&
+                    offsetof(Segment, remote_off) == 8 && offsetof(Segment, size) == 16,
                 "a Segment is uploaded as a CopySegment of offsets");
   bool as_offsets = sources.size() <= gpu::kMaxBaseSets;
-  for (const CopySource &src : sources)
-    as_offsets = as_offsets && src.max_bytes <= piece;
+  for (const CopySource& src : sources) as_offsets = as_offsets && src.max_bytes <= piece;
   gpu::SegmentBases bases{};
   if (as_offsets) {
     uint64_t first = 0;
-    for (const CopySource &src : sources) {
+    for (const CopySource& src : sources) {
       const uint32_t k = bases.sets++;
       bases.first[k] = first;
       bases.dst_base[k] = src.dst_base;
       bases.src_base[k] = src.src_base;
-      if (!src.is_read)
-        bases.swap |= 1u << k;
+      if (!src.is_read) bases.swap |= 1u << k;
       first += src.segs->size();
     }
   }
   // Chunks grow 4x from a small first one: the GPU starts after a few
-  // microseconds of host work, and later chunks are built while it copies.
+  // microseconds of host work, and later chunks are written while it copies.
+  // Each chunk is one launch that reads its entries from the pinned list.
   constexpr size_t kFirstChunk = 1024;
   size_t chunk = kFirstChunk, written = 0, launched = 0;
-  gpu::CopySegment *const host = list->host;
+  gpu::CopySegment* const host = list->host;
+  const auto* const device_list = reinterpret_cast<const gpu::CopySegment*>(list->device_view);
   auto flush = [&] {
     const size_t n = written - launched;
-    gpu::CopyAsync(reinterpret_cast<uint64_t>(list->device + launched),
-                   reinterpret_cast<uint64_t>(host + launched),
-                   n * sizeof(gpu::CopySegment), lane.upload);
-    gpu::RecordEvent(list->chunk_uploaded, lane.upload);
-    gpu::StreamWaitEvent(lane.stream, list->chunk_uploaded);
-    gpu::LaunchSegmentCopy(list->device + launched, static_cast<uint32_t>(n),
-                           lane.stream, bases, launched);
+    gpu::LaunchSegmentCopy(device_list + launched, static_cast<uint32_t>(n), lane.stream, bases, launched);
     launched = written;
     chunk *= 4;
   };
   try {
-    // The device half may be rewritten once the kernels that last read it ran.
-    gpu::StreamWaitEvent(lane.upload, list->consumed);
     if (as_offsets) {
-      for (const CopySource &src : sources) {
-        const Segment *from = src.segs->data();
+      for (const CopySource& src : sources) {
+        const Segment* from = src.segs->data();
         for (size_t left = src.segs->size(); left > 0;) {
           const size_t n = std::min(left, launched + chunk - written);
-          std::memcpy(static_cast<void *>(host + written), from,
-                      n * sizeof(Segment));
+          std::memcpy(static_cast<void*>(host + written), from, n * sizeof(Segment));
           written += n;
           from += n;
           left -= n;
-          if (written - launched >= chunk)
-            flush();
+          if (written - launched >= chunk) flush();
         }
       }
     } else {
-      for (const CopySource &src : sources) {
+      for (const CopySource& src : sources) {
         const uint64_t dst_base = src.dst_base, src_base = src.src_base;
         const bool is_read = src.is_read;
-        for (const Segment &s : *src.segs) {
+        for (const Segment& s : *src.segs) {
           const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
           const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
           if (s.size <= piece) {
             host[written++] = {d, r, s.size};
           } else {
             for (uint64_t off = 0; off < s.size; off += piece) {
-              host[written++] = {d + off, r + off,
-                                 std::min(piece, s.size - off)};
+              host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
             }
           }
-          if (written - launched >= chunk)
-            flush();
+          if (written - launched >= chunk) flush();
         }
       }
     }
-    if (written > launched)
-      flush();
-    gpu::RecordEvent(list->copied, lane.upload);
+    if (written > launched) flush();
     gpu::RecordEvent(list->consumed, lane.stream);
   } catch (...) {
     // Whatever was enqueued still reads the list: wait for it before reuse.
     try {
-      gpu::SynchronizeStream(lane.upload);
       gpu::SynchronizeStream(lane.stream);
-    } catch (const Error &e) {
-      MORI_LOG(Warning,
-               "XGMI: waiting for a failed batch's copies: " << e.what());
+    } catch (const Error& e) {
+      MORI_LOG(Warning, "XGMI: waiting for a failed batch's copies: " << e.what());
     }
     ReturnList(dc, std::move(list));
     throw;
@@ -405,73 +333,59 @@ void XgmiBackend::SubmitGroup(std::vector<PeerOp> ops) {
   // First each memory is mapped (a watch round trip and an IPC open on its
   // first use) under its own peer's lock only, as Submit does: a slow owner
   // never holds up another owner's revocation.
-  std::vector<PeerOp *> mapped;
-  for (PeerOp &p : ops) {
-    auto *peer = static_cast<XgmiPeer *>(p.peer.get());
+  std::vector<PeerOp*> mapped;
+  for (PeerOp& p : ops) {
+    auto* peer = static_cast<XgmiPeer*>(p.peer.get());
     std::shared_lock<std::shared_mutex> use = peer->UseLock();
     uint64_t base = 0;
-    if (peer->RemoteAddress(p.op, &base))
-      mapped.push_back(&p); // else its status ended
+    if (peer->RemoteAddress(p.op, &base)) mapped.push_back(&p);  // else its status ended
   }
   // Then every distinct peer's lock, in address order (no two groups wait
   // on each other), from the addresses' lookup until the copies are
   // enqueued: a revocation in between fails its transfers here.
-  std::vector<XgmiPeer *> peers;
-  for (PeerOp *p : mapped)
-    peers.push_back(static_cast<XgmiPeer *>(p->peer.get()));
+  std::vector<XgmiPeer*> peers;
+  for (PeerOp* p : mapped) peers.push_back(static_cast<XgmiPeer*>(p->peer.get()));
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   std::vector<std::shared_lock<std::shared_mutex>> locks;
   locks.reserve(peers.size());
-  for (XgmiPeer *peer : peers)
-    locks.push_back(peer->UseLock());
-  std::vector<std::vector<Located>> by_device; // in order of first appearance
-  for (PeerOp *p : mapped) {
+  for (XgmiPeer* peer : peers) locks.push_back(peer->UseLock());
+  std::vector<std::vector<Located>> by_device;  // in order of first appearance
+  for (PeerOp* p : mapped) {
     uint64_t base = 0;
-    if (!static_cast<XgmiPeer *>(p->peer.get())
-             ->RemoteAddress(p->op, &base, /*lookup_only=*/true))
-      continue;
+    if (!static_cast<XgmiPeer*>(p->peer.get())->RemoteAddress(p->op, &base, /*lookup_only=*/true)) continue;
     const int dev = p->op.local->desc.device_id;
     auto g = std::find_if(by_device.begin(), by_device.end(),
-                          [&](const std::vector<Located> &v) {
-                            return v.front().op.local->desc.device_id == dev;
-                          });
-    if (g == by_device.end())
-      g = by_device.insert(by_device.end(), std::vector<Located>());
+                          [&](const std::vector<Located>& v) { return v.front().op.local->desc.device_id == dev; });
+    if (g == by_device.end()) g = by_device.insert(by_device.end(), std::vector<Located>());
     g->push_back({std::move(p->op), base});
   }
-  for (std::vector<Located> &group : by_device)
-    RunOnDevice(std::move(group));
+  for (std::vector<Located>& group : by_device) RunOnDevice(std::move(group));
 }
 
 bool XgmiBackend::KernelSuits(size_t segments, uint64_t total) const {
-  return segments > 0 &&
-         segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
+  return segments > 0 && segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
          total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
 }
 
 void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
-  gpu::RelaxedCaptureScope
-      relaxed; // lane setup allocates: never break a capture elsewhere
-  std::vector<Prepared> kernel_batch; // the transfers that share one kernel
-  size_t handed = 0;                  // ops[0, handed) belong to an Enqueue now
+  gpu::RelaxedCaptureScope relaxed;    // lane setup allocates: never break a capture elsewhere
+  std::vector<Prepared> kernel_batch;  // the transfers that share one kernel
+  size_t handed = 0;                   // ops[0, handed) belong to an Enqueue now
   try {
     for (; handed < ops.size(); ++handed) {
-      TransferOp &op = ops[handed].op;
+      TransferOp& op = ops[handed].op;
       MemoryUse use = MemoryUse(op.local);
       if (!use) {
         op.status->Update(StatusCode::ERR_NOT_FOUND,
-                          "local memory " + std::to_string(op.local->desc.id) +
-                              " was deregistered");
+                          "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
         continue;
       }
-      const std::vector<Segment> &segs = op.segs->segs;
-      const uint64_t local_base = op.local->desc.data,
-                     remote_base = ops[handed].remote_base;
+      const std::vector<Segment>& segs = op.segs->segs;
+      const uint64_t local_base = op.local->desc.data, remote_base = ops[handed].remote_base;
       Prepared p{op.status,
                  std::move(use),
-                 {&segs, op.is_read ? local_base : remote_base,
-                  op.is_read ? remote_base : local_base, op.is_read,
+                 {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read,
                   op.segs->max_bytes},
                  op.segs->total_bytes};
       // The kernel takes the transfers it would take one by one, together;
@@ -484,17 +398,13 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
         Enqueue(op.local->desc.device_id, std::move(alone));
       }
     }
-    if (!kernel_batch.empty())
-      Enqueue(ops.front().op.local->desc.device_id, std::move(kernel_batch));
-  } catch (const std::exception &e) {
+    if (!kernel_batch.empty()) Enqueue(ops.front().op.local->desc.device_id, std::move(kernel_batch));
+  } catch (const std::exception& e) {
     // Before Enqueue (which ends its own transfers on any failure): memory.
     // Every transfer not handed to an Enqueue yet ends here.
-    for (Prepared &p : kernel_batch)
-      p.status->Update(StatusCode::ERR_GPU_OP,
-                       std::string("XGMI: ") + e.what());
+    for (Prepared& p : kernel_batch) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
     for (size_t i = handed; i < ops.size(); ++i) {
-      ops[i].op.status->Update(StatusCode::ERR_GPU_OP,
-                               std::string("XGMI: ") + e.what());
+      ops[i].op.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
     }
   }
 }
@@ -502,75 +412,62 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
 void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
   auto pending = std::make_shared<PendingCopy>();
   pending->device = dev;
-  DeviceContext::Lane *lane = nullptr;
+  DeviceContext::Lane* lane = nullptr;
   try {
     std::vector<CopySource> sources;
     sources.reserve(batch.size());
     size_t segments = 0;
     uint64_t total = 0;
-    for (Prepared &p : batch) {
+    for (Prepared& p : batch) {
       pending->statuses.push_back(p.status);
       pending->uses.push_back(std::move(p.use));
       sources.push_back(p.source);
       segments += p.source.segs->size();
       total += p.bytes;
     }
-    DeviceContext &dc = Device(dev);
-    lane = dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) %
-                    dc.lanes.size()]
-               .get();
+    DeviceContext& dc = Device(dev);
+    lane = dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()].get();
     std::lock_guard<std::mutex> lk(lane->mu);
-    gpu::DeviceScope on_device(
-        dev); // restores the caller's device: torch reads it
+    gpu::DeviceScope on_device(dev);  // restores the caller's device: torch reads it
     if (KernelSuits(segments, total)) {
       EnqueueKernel(dc, *lane, sources, segments, total);
     } else {
-      for (const CopySource &src : sources) {
-        for (const Segment &s : *src.segs) {
-          gpu::CopyAsync(
-              src.dst_base + (src.is_read ? s.local_off : s.remote_off),
-              src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size,
-              lane->stream);
+      for (const CopySource& src : sources) {
+        for (const Segment& s : *src.segs) {
+          gpu::CopyAsync(src.dst_base + (src.is_read ? s.local_off : s.remote_off),
+                         src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size, lane->stream);
         }
       }
     }
     pending->event = TakeEvent(dev);
     gpu::RecordEvent(pending->event, lane->stream);
-  } catch (const std::exception &e) {
-    if (pending->event)
-      ReturnEvent(pending->event, dev);
+  } catch (const std::exception& e) {
+    if (pending->event) ReturnEvent(pending->event, dev);
     // Copies enqueued before the failure may still run: they finish before
     // the statuses end and the local memory is let go.
     if (lane != nullptr) {
       try {
         gpu::SynchronizeStream(lane->stream);
-      } catch (const Error &) {
+      } catch (const Error&) {
       }
     }
-    const auto *err = dynamic_cast<const Error *>(&e);
+    const auto* err = dynamic_cast<const Error*>(&e);
     const StatusCode code =
-        err != nullptr && err->code() == StatusCode::ERR_INVALID_ARGS
-            ? err->code()
-            : StatusCode::ERR_GPU_OP;
-    const std::string msg =
-        batch.size() > 1
-            ? "XGMI batch of " + std::to_string(batch.size()) +
-                  " transfers on GPU " + std::to_string(dev) + ": " + e.what()
-            : std::string(e.what());
-    for (const Prepared &p : batch)
-      p.status->Update(code, msg);
+        err != nullptr && err->code() == StatusCode::ERR_INVALID_ARGS ? err->code() : StatusCode::ERR_GPU_OP;
+    const std::string msg = batch.size() > 1 ? "XGMI batch of " + std::to_string(batch.size()) + " transfers on GPU " +
+                                                   std::to_string(dev) + ": " + e.what()
+                                             : std::string(e.what());
+    for (const Prepared& p : batch) p.status->Update(code, msg);
     return;
   }
-  for (const StatusPtr &s : pending->statuses)
-    s->SetProgressHook([pending] { pending->Poll(); });
+  for (const StatusPtr& s : pending->statuses) s->SetProgressHook([pending] { pending->Poll(); });
   bool wake;
   {
     std::lock_guard<std::mutex> lk(pending_mu_);
     pending_.push_back(pending);
     wake = reaper_asleep_;
   }
-  if (wake)
-    pending_cv_.notify_one();
+  if (wake) pending_cv_.notify_one();
 }
 
 size_t XgmiBackend::Reap() {
@@ -580,7 +477,7 @@ size_t XgmiBackend::Reap() {
     work.swap(pending_);
   }
   std::deque<std::shared_ptr<PendingCopy>> still;
-  for (auto &p : work) {
+  for (auto& p : work) {
     p->Poll();
     std::lock_guard<std::mutex> lk(p->mu);
     if (p->done) {
@@ -592,19 +489,17 @@ size_t XgmiBackend::Reap() {
     }
   }
   std::lock_guard<std::mutex> lk(pending_mu_);
-  for (auto &p : still)
-    pending_.push_front(std::move(p));
+  for (auto& p : still) pending_.push_front(std::move(p));
   return pending_.size();
 }
 
 void XgmiBackend::CompletionLoop() {
-  gpu::RelaxCaptureModeForThisThread(); // event queries must not break a
-                                        // capture elsewhere
+  gpu::RelaxCaptureModeForThisThread();  // event queries must not break a capture elsewhere
   // While transfers come and go the thread naps briefly instead of being
   // woken per transfer: a wake-up cost the submitting thread 3-4 us (p50 on
-  // the build VM), a fifth of a small transfer's submission. After
-  // kSleepAfterIdle without work it sleeps until Run wakes it. Statuses nobody
-  // polls end within about a nap; polled ones as soon as their copies are done.
+  // the build VM), a fifth of a small transfer's submission. After kSleepAfterIdle
+  // without work it sleeps until Run wakes it. Statuses nobody polls end
+  // within about a nap; polled ones as soon as their copies are done.
   using Clock = std::chrono::steady_clock;
   constexpr auto kNap = std::chrono::microseconds(200);
   constexpr auto kSleepAfterIdle = std::chrono::milliseconds(20);
@@ -617,89 +512,76 @@ void XgmiBackend::CompletionLoop() {
           pending_cv_.wait_for(lk, kNap);
         } else {
           reaper_asleep_ = true;
-          pending_cv_.wait(lk,
-                           [&] { return shut_.load() || !pending_.empty(); });
+          pending_cv_.wait(lk, [&] { return shut_.load() || !pending_.empty(); });
           reaper_asleep_ = false;
         }
       }
-      if (shut_.load())
-        return;
-      if (pending_.empty())
-        continue;
+      if (shut_.load()) return;
+      if (pending_.empty()) continue;
     }
-    if (Reap() > 0)
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (Reap() > 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
     idle_since = Clock::now();
   }
 }
 
 void XgmiBackend::Shutdown() {
-  if (shut_.exchange(true))
-    return;
-  ownership_->SetRevoker(nullptr); // waits for a revocation in progress
+  if (shut_.exchange(true)) return;
+  ownership_->SetRevoker(nullptr);  // waits for a revocation in progress
   {
     // The completion thread checks shut_ under this mutex: no lost wake-up.
     std::lock_guard<std::mutex> lk(pending_mu_);
   }
   pending_cv_.notify_all();
-  if (completion_thread_.joinable())
-    completion_thread_.join();
+  if (completion_thread_.joinable()) completion_thread_.join();
   // Let running copies finish: their memory may be freed once we return.
   std::lock_guard<std::mutex> lk(dev_mu_);
-  for (auto &kv : devices_) {
-    for (auto &lane : kv.second->lanes) {
+  for (auto& kv : devices_) {
+    for (auto& lane : kv.second->lanes) {
       try {
         gpu::SynchronizeStream(lane->stream);
-        gpu::SynchronizeStream(lane->upload);
-      } catch (const Error &e) {
+      } catch (const Error& e) {
         MORI_LOG(Error, "XGMI shutdown: " << e.what());
       }
     }
   }
-  for (auto &p : pending_) {
+  for (auto& p : pending_) {
     p->Poll();
     std::lock_guard<std::mutex> pk(p->mu);
     if (!p->done) {
-      for (const StatusPtr &s : p->statuses) {
-        s->Update(StatusCode::ERR_BAD_STATE,
-                  "XGMI backend was removed or its engine shut down");
+      for (const StatusPtr& s : p->statuses) {
+        s->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
       }
     }
     p->done = true;
-    p->event = nullptr; // destroyed with the pools below
+    p->event = nullptr;  // destroyed with the pools below
     p->uses.clear();
   }
   pending_.clear();
-  for (auto &p : peers_.TakeAll())
-    p->Close();
-  for (auto &kv : devices_) {
+  for (auto& p : peers_.TakeAll()) p->Close();
+  for (auto& kv : devices_) {
     {
       std::lock_guard<std::mutex> ll(kv.second->lists_mu);
-      for (auto &list : kv.second->idle_lists)
-        FreeList(*list, kv.first);
+      for (auto& list : kv.second->idle_lists) FreeList(*list, kv.first);
       kv.second->idle_lists.clear();
     }
-    for (auto &lane : kv.second->lanes) {
+    for (auto& lane : kv.second->lanes) {
       gpu::DestroyStream(lane->stream, kv.first);
-      gpu::DestroyStream(lane->upload, kv.first);
     }
   }
   std::lock_guard<std::mutex> ek(event_mu_);
-  for (auto &kv : free_events_) {
-    for (auto e : kv.second)
-      gpu::DestroyEvent(e, kv.first);
+  for (auto& kv : free_events_) {
+    for (auto e : kv.second) gpu::DestroyEvent(e, kv.first);
   }
   free_events_.clear();
 }
 
-XgmiPeer::XgmiPeer(XgmiBackend *backend, EngineDesc remote)
-    : backend_(backend), remote_(std::move(remote)),
-      same_process_(InThisProcess(remote_)) {}
+XgmiPeer::XgmiPeer(XgmiBackend* backend, EngineDesc remote)
+    : backend_(backend), remote_(std::move(remote)), same_process_(InThisProcess(remote_)) {}
 
 XgmiPeer::~XgmiPeer() { Close(); }
 
-uint64_t XgmiPeer::OpenShared(const gpu::IpcHandle &handle, int device) {
-  Opened &o = opened_[{handle, device}];
+uint64_t XgmiPeer::OpenShared(const gpu::IpcHandle& handle, int device) {
+  Opened& o = opened_[{handle, device}];
   if (o.users == 0) {
     try {
       o.base = gpu::OpenIpcHandle(handle, device);
@@ -712,39 +594,31 @@ uint64_t XgmiPeer::OpenShared(const gpu::IpcHandle &handle, int device) {
   return o.base;
 }
 
-void XgmiPeer::Unmap(MemoryId id, const Mapping &m) {
-  if (!m.ipc_base)
-    return; // same process: nothing was opened
+void XgmiPeer::Unmap(MemoryId id, const Mapping& m) {
+  if (!m.ipc_base) return;  // same process: nothing was opened
   auto it = opened_.find({m.handle, m.device});
-  if (it == opened_.end() || --it->second.users > 0)
-    return;
+  if (it == opened_.end() || --it->second.users > 0) return;
   opened_.erase(it);
   try {
     gpu::RelaxedCaptureScope relaxed;
     gpu::CloseIpcHandle(m.ipc_base, m.device);
-  } catch (const Error &e) {
-    MORI_LOG(Warning, "XGMI: closing the mapping of "
-                          << remote_.key << "'s memory " << id << ": "
-                          << e.what());
+  } catch (const Error& e) {
+    MORI_LOG(Warning, "XGMI: closing the mapping of " << remote_.key << "'s memory " << id << ": " << e.what());
   }
 }
 
 void XgmiPeer::Close() {
-  if (closed_.exchange(true))
-    return;
+  if (closed_.exchange(true)) return;
   std::unique_lock<std::shared_mutex> use(use_mu_);
   std::lock_guard<std::mutex> lk(map_mu_);
-  for (auto &kv : mapped_)
-    Unmap(kv.first, kv.second);
-  for (auto &kv : retained_)
-    Unmap(kv.first, kv.second);
+  for (auto& kv : mapped_) Unmap(kv.first, kv.second);
+  for (auto& kv : retained_) Unmap(kv.first, kv.second);
   mapped_.clear();
   retained_.clear();
 }
 
-void XgmiPeer::Revoke(const std::vector<MemoryId> &ids) {
-  std::unique_lock<std::shared_mutex> use(
-      use_mu_); // nobody is between lookup and enqueue now
+void XgmiPeer::Revoke(const std::vector<MemoryId>& ids) {
+  std::unique_lock<std::shared_mutex> use(use_mu_);  // nobody is between lookup and enqueue now
   std::vector<std::pair<MemoryId, Mapping>> unmap;
   bool was_mapped = false;
   {
@@ -752,8 +626,7 @@ void XgmiPeer::Revoke(const std::vector<MemoryId> &ids) {
     for (MemoryId id : ids) {
       revoked_.insert(id);
       auto it = mapped_.find(id);
-      if (it == mapped_.end())
-        continue;
+      if (it == mapped_.end()) continue;
       was_mapped = true;
       if (it->second.on_streams) {
         retained_.emplace_back(*it);
@@ -763,19 +636,16 @@ void XgmiPeer::Revoke(const std::vector<MemoryId> &ids) {
       mapped_.erase(it);
     }
   }
-  if (!was_mapped)
-    return;
+  if (!was_mapped) return;
   // Copies already enqueued may still read or write the memory: the owner
   // hears back only after they ran.
   try {
     backend_->DrainCopies();
-  } catch (const Error &e) {
-    MORI_LOG(Error, "XGMI: waiting for copies before revoking memory of '"
-                        << remote_.key << "': " << e.what());
+  } catch (const Error& e) {
+    MORI_LOG(Error, "XGMI: waiting for copies before revoking memory of '" << remote_.key << "': " << e.what());
   }
   std::lock_guard<std::mutex> lk(map_mu_);
-  for (auto &kv : unmap)
-    Unmap(kv.first, kv.second);
+  for (auto& kv : unmap) Unmap(kv.first, kv.second);
 }
 
 size_t XgmiPeer::MappedCount() {
@@ -791,55 +661,43 @@ namespace {
 // over without breaking a GPU.
 void MaybeInjectIpcOpenFailure() {
   static std::atomic<int64_t> left{config::EnvInt("MORI_TORCH_FAIL_IPC_OPENS")};
-  if (left.load(std::memory_order_relaxed) <= 0)
-    return;
+  if (left.load(std::memory_order_relaxed) <= 0) return;
   if (left.fetch_sub(1) > 0) {
-    throw Error(StatusCode::ERR_GPU_OP,
-                "IPC open failed (injected by MORI_TORCH_FAIL_IPC_OPENS)");
+    throw Error(StatusCode::ERR_GPU_OP, "IPC open failed (injected by MORI_TORCH_FAIL_IPC_OPENS)");
   }
 }
 
-} // namespace
+}  // namespace
 
-uint64_t XgmiPeer::RemoteBase(const MemoryDesc &d, int local_device,
-                              bool on_stream, bool lookup_only) {
+uint64_t XgmiPeer::RemoteBase(const MemoryDesc& d, int local_device, bool on_stream, bool lookup_only) {
   auto revoked = [&] {
-    return Error(StatusCode::ERR_NOT_FOUND,
-                 "remote memory " + std::to_string(d.id) + " of engine '" +
-                     remote_.key + "' was deregistered by its owner");
+    return Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                "' was deregistered by its owner");
   };
-  auto found = [&](Mapping &m) {
-    if (d.data != m.remote_data ||
-        d.size != m.size) { // a stale or forged descriptor of a mapped id
-      throw Error(StatusCode::ERR_NOT_FOUND,
-                  "remote memory " + std::to_string(d.id) + " of engine '" +
-                      remote_.key + "' no longer matches its descriptor");
+  auto found = [&](Mapping& m) {
+    if (d.data != m.remote_data || d.size != m.size) {  // a stale or forged descriptor of a mapped id
+      throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                 "' no longer matches its descriptor");
     }
-    if (same_process_)
-      gpu::EnablePeerAccess(local_device, d.device_id);
+    if (same_process_) gpu::EnablePeerAccess(local_device, d.device_id);
     m.on_streams |= on_stream;
     return m.addr;
   };
   {
     std::lock_guard<std::mutex> lk(map_mu_);
-    if (revoked_.count(d.id))
-      throw revoked();
+    if (revoked_.count(d.id)) throw revoked();
     auto it = mapped_.find(d.id);
-    if (it != mapped_.end())
-      return found(it->second);
+    if (it != mapped_.end()) return found(it->second);
     if (lookup_only) {
-      throw Error(StatusCode::ERR_NOT_FOUND,
-                  "remote memory " + std::to_string(d.id) + " of engine '" +
-                      remote_.key +
-                      "' was unmapped while the transfer was submitted");
+      throw Error(StatusCode::ERR_NOT_FOUND, "remote memory " + std::to_string(d.id) + " of engine '" + remote_.key +
+                                                 "' was unmapped while the transfer was submitted");
     }
   }
   // First use of this memory: become a watcher (one control round trip, which
   // also checks the descriptor against the owner's registration), then map.
   backend_->ownership().Watch(d);
   std::lock_guard<std::mutex> lk(map_mu_);
-  if (revoked_.count(d.id))
-    throw revoked();
+  if (revoked_.count(d.id)) throw revoked();
   auto it = mapped_.find(d.id);
   if (it == mapped_.end()) {
     Mapping m;
@@ -859,23 +717,21 @@ uint64_t XgmiPeer::RemoteBase(const MemoryDesc &d, int local_device,
   return found(it->second);
 }
 
-bool XgmiPeer::RemoteAddress(TransferOp &op, uint64_t *base, bool lookup_only) {
+bool XgmiPeer::RemoteAddress(TransferOp& op, uint64_t* base, bool lookup_only) {
   if (closed_.load() || backend_->shut_down()) {
-    op.status->Update(StatusCode::ERR_BAD_STATE,
-                      "XGMI peer '" + remote_.key + "' is closed");
+    op.status->Update(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
     return false;
   }
   try {
     *base = RemoteBase(op.remote, op.local->desc.device_id, false, lookup_only);
-  } catch (const Error &e) {
-    const bool gone = e.code() == StatusCode::ERR_NOT_FOUND ||
-                      e.code() == StatusCode::ERR_BAD_STATE;
+  } catch (const Error& e) {
+    const bool gone = e.code() == StatusCode::ERR_NOT_FOUND || e.code() == StatusCode::ERR_BAD_STATE;
     // Memory that is gone fails the transfer; a mapping that could not be
     // made (IPC open refused) fails the path: another backend may serve it.
-    op.status->Update(gone ? e.code() : StatusCode::ERR_GPU_OP,
-                      "mapping memory " + std::to_string(op.remote.id) +
-                          " of engine '" + remote_.key + "': " + e.what(),
-                      /*path_failed=*/!gone);
+    op.status->Update(
+        gone ? e.code() : StatusCode::ERR_GPU_OP,
+        "mapping memory " + std::to_string(op.remote.id) + " of engine '" + remote_.key + "': " + e.what(),
+        /*path_failed=*/!gone);
     return false;
   }
   return true;
@@ -884,9 +740,8 @@ bool XgmiPeer::RemoteAddress(TransferOp &op, uint64_t *base, bool lookup_only) {
 void XgmiPeer::Submit(TransferOp op) {
   std::shared_lock<std::shared_mutex> use = UseLock();
   uint64_t base = 0;
-  if (RemoteAddress(op, &base))
-    backend_->Run(std::move(op), base);
+  if (RemoteAddress(op, &base)) backend_->Run(std::move(op), base);
 }
 
-} // namespace xgmi
-} // namespace mori_torch
+}  // namespace xgmi
+}  // namespace mori_torch

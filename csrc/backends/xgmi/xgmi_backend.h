@@ -50,25 +50,22 @@ struct XgmiConfig {
 class XgmiBackend;
 struct PendingCopy;
 
-// A kernel's segment list: staged in pinned host memory, uploaded to device
-// memory in chunks. Lists are pooled per device and reused by later
-// transfers; the events say when each half may be rewritten.
+// A kernel's segment list, in pinned host memory mapped into the device's
+// address space: the kernel reads its entries from there (no upload, no
+// second stream, no event per chunk: one launch per chunk). Lists are pooled
+// per device and reused by later transfers once their last kernel ran.
 struct SegmentList {
-  gpu::CopySegment* host = nullptr;  // pinned
-  gpu::CopySegment* device = nullptr;
+  gpu::CopySegment* host = nullptr;  // pinned, mapped
+  uint64_t device_view = 0;          // the same memory's address on the device
   size_t capacity = 0;
-  gpu::Event copied = nullptr;          // its last upload ran: host may be rewritten
-  gpu::Event consumed = nullptr;        // its last kernel ran: device may be rewritten
-  gpu::Event chunk_uploaded = nullptr;  // the copy stream waits on it per chunk
+  gpu::Event consumed = nullptr;  // its last kernel ran: it may be rewritten
 };
 
-// Per-device resources: a pool of lanes (a copy stream plus an upload
-// stream, so that the list of chunk k+1 uploads while chunk k's kernel runs)
-// and a pool of segment lists (at most one per lane).
+// Per-device resources: a pool of lanes (copy streams) and a pool of
+// segment lists (at most one per lane).
 struct DeviceContext {
   struct Lane {
     gpu::Stream stream = nullptr;  // copies and kernels
-    gpu::Stream upload = nullptr;  // segment-list uploads
     std::mutex mu;                 // one submitter at a time per lane
   };
   int device = -1;
