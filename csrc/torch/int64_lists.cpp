@@ -1,9 +1,9 @@
 // Reading a list of ints costs a few ns per entry, most of it the memory
 // access to each int object. Exact ints of up to two 30-bit digits (every
 // byte offset below 2^60; KV caches of tens of GiB have offsets past 2^30)
-// are read from their digits inline; anything else (a numpy int, a larger
-// int, a bad entry) the general way, from the first such entry on, so that
-// errors name the first bad entry.
+// are read from their digits inline, one-digit ones four at a time;
+// anything else (a numpy int, a larger int, a bad entry) the general way,
+// from the first such entry on, so that errors name the first bad entry.
 //
 // Tried and dropped (session 12): reading long lists on several threads
 // (helpers from torch's inter-op pool). On the 16-core H100 host the session
@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <vector>
@@ -56,6 +57,49 @@ inline bool SmallExactInt(PyObject* item, int64_t* out) {
   return true;
 }
 
+// Four entries at once when all four are exact ints of one digit (|v| <
+// 2^30: page offsets of the first GiB, sizes): the checks of the four are
+// combined into one branch per step, so the reads of the objects overlap
+// (one entry per step: 1.3-1.8 ns on the build machine). False, with
+// nothing stored, when any of the four is anything else.
+inline bool FourSmallInts(PyObject* const* items, int64_t* out) {
+  PyObject* const a = items[0];
+  PyObject* const b = items[1];
+  PyObject* const c = items[2];
+  PyObject* const d = items[3];
+  if (!((Py_TYPE(a) == &PyLong_Type) & (Py_TYPE(b) == &PyLong_Type) & (Py_TYPE(c) == &PyLong_Type) &
+        (Py_TYPE(d) == &PyLong_Type))) {
+    return false;
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  const auto* const la = reinterpret_cast<PyLongObject*>(a);
+  const auto* const lb = reinterpret_cast<PyLongObject*>(b);
+  const auto* const lc = reinterpret_cast<PyLongObject*>(c);
+  const auto* const ld = reinterpret_cast<PyLongObject*>(d);
+  if (!(PyUnstable_Long_IsCompact(la) & PyUnstable_Long_IsCompact(lb) & PyUnstable_Long_IsCompact(lc) &
+        PyUnstable_Long_IsCompact(ld))) {
+    return false;
+  }
+  out[0] = PyUnstable_Long_CompactValue(la);
+  out[1] = PyUnstable_Long_CompactValue(lb);
+  out[2] = PyUnstable_Long_CompactValue(lc);
+  out[3] = PyUnstable_Long_CompactValue(ld);
+#else
+  const Py_ssize_t sa = Py_SIZE(a), sb = Py_SIZE(b), sc = Py_SIZE(c), sd = Py_SIZE(d);
+  // One digit or zero: size in [-1, 1]. A zero has no digit to read.
+  auto fits = [](Py_ssize_t size) { return static_cast<size_t>(size + 1) <= 2; };
+  if (!(fits(sa) & fits(sb) & fits(sc) & fits(sd))) return false;
+  auto value = [](PyObject* o, Py_ssize_t size) {
+    return size == 0 ? int64_t{0} : size * static_cast<int64_t>(reinterpret_cast<PyLongObject*>(o)->ob_digit[0]);
+  };
+  out[0] = value(a, sa);
+  out[1] = value(b, sb);
+  out[2] = value(c, sc);
+  out[3] = value(d, sd);
+#endif
+  return true;
+}
+
 void NotAnInt(const char* what, Py_ssize_t i, PyObject* item) {
   PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", what, i, Py_TYPE(item)->tp_name);
 }
@@ -87,7 +131,19 @@ bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
   if (resized()) return false;
   PyObject* const* items = PySequence_Fast_ITEMS(seq);
   Py_ssize_t i = 0;
-  while (i < n && SmallExactInt(items[i], &out[i])) ++i;
+  // Four at a time while all four have one digit; a step holding anything
+  // else goes one by one (two-digit ints still inline) and the next step is
+  // tried four at a time again.
+  bool inline_read = true;
+  while (inline_read && i < n) {
+    if (i + 4 <= n && FourSmallInts(items + i, out + i)) {
+      i += 4;
+      continue;
+    }
+    const Py_ssize_t stop = std::min<Py_ssize_t>(n, i + 4);
+    while (i < stop && SmallExactInt(items[i], &out[i])) ++i;
+    inline_read = i == stop;
+  }
   for (; i < n; ++i) {
     PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
     if (PyLong_CheckExact(item)) {

@@ -157,6 +157,27 @@ def test_long_lists_convert_exactly_and_name_their_first_bad_entry(n):
         int64s("offsets", bad)
 
 
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 9, 67])
+def test_one_digit_ints_read_four_at_a_time_hand_over_at_any_position(n):
+    """One-digit ints are read four at a time; an entry of any other kind at
+    any position of a group (or of the tail) is read exactly, reading then
+    goes on four at a time, and a bad entry anywhere is named."""
+    base = [(i * 4096) * (-1 if i % 5 == 3 else 1) for i in range(n)]
+    others = [1 << 30, -(1 << 45), (1 << 62) + 3, -(1 << 63), np.int64(-9), np.uint16(7), True, 0]
+    for pos in range(n):
+        for other in others:
+            values = list(base)
+            values[pos] = other
+            if pos + 2 < n:
+                values[pos + 2] = 1 << 40  # a second hand-over in the same or the next group
+            want = [int(v) for v in values]
+            assert int64s("offsets", values).tolist() == want, (pos, other)
+        bad = list(base)
+        bad[pos] = 1.5
+        with pytest.raises(TypeError, match=rf"offsets\[{pos}\] must be an int, got float"):
+            int64s("offsets", bad)
+
+
 def test_the_lists_of_an_engine_batch_convert_together_and_name_pair_and_entry():
     """The engine-level batch's lists (one per memory pair, 16 x 2,048
     entries here) are read in one call; errors name the pair and the entry;
