@@ -14,7 +14,10 @@ call to completion between two processes, are the CLI's:
 
 Cases:
 - batches of 16,384 segments of 4/16/64 KiB, remote offsets permuted (nothing
-  merges), submitted `--depth` at a time (throughput with host work hidden);
+  merges), from int64 tensors and from Python lists: submitted `--depth` at a
+  time (throughput, host work overlapping earlier copies), and one at a time
+  (call to completion, against copy_ of the same bytes), with the ratio of
+  lists to tensors;
 - host time per segment to submit a 16,384-segment session batch;
 - a 4 KiB write's latency, call to Succeeded() polled from Python, p50/p99;
 - --latency-breakdown: where that latency goes (TorchScript call cost, io.py
@@ -118,24 +121,48 @@ class Bench:
 
     # ------------------------------------------------------------------
     def batches_in_flight(self, sess):
-        """Page batches submitted --depth at a time (host work hidden). Single
-        segments and one batch at a time, timed call to completion between two
+        """Page batches from int64 tensors and from Python lists (what serving
+        engines pass), submitted --depth at a time (host work overlaps the
+        copies of the batches before), against copy_ of the whole buffer, and
+        one batch at a time (call to completion), against copy_ of the same
+        bytes timed call to synchronize. Single segments, timed between two
         processes, are the CLI's: python -m mori_torch.benchmark --backend xgmi."""
         iters = self.args.iters
         base_1g = self.copy_gbps(self.n)
         self.base_1g = base_1g
         for seg in (4 << 10, 16 << 10, 64 << 10):
             count = min(16384, self.n // seg)
-            lo, ro, sizes = self.permuted(seg, count, seg)
+            tensors = self.permuted(seg, count, seg)
+            forms = (("tensors", tensors), ("lists", tuple(t.tolist() for t in tensors)))
+            base_same = count * seg / self.copy_call_to_sync(count * seg, iters) / 1e9
             for op in ("write", "read"):
                 fn = getattr(sess, f"batch_{op}")
+                got = {}
+                for form, (lo, ro, sizes) in forms:
+                    def deep():
+                        for st in [fn(lo, ro, sizes, 1) for _ in range(self.args.depth)]:
+                            st.Wait()
+                    t = cuda_time(deep, max(2, iters // self.args.depth)) / self.args.depth
+                    r = self.record(op, seg, count, t, base_1g, case=f"batch, {self.args.depth} in flight", form=form,
+                                    vs="copy_ of the buffer")
+                    got[(form, "deep")] = r["gbps"]
+                    t = median_time(lambda: fn(lo, ro, sizes, 1).Wait(), iters)
+                    r = self.record(op, seg, count, t, base_same, case="one batch at a time, call to completion",
+                                    form=form, vs="copy_ of the same bytes, call to synchronize", timing="median")
+                    got[(form, "one")] = r["gbps"]
+                for mode in ("deep", "one"):
+                    ratio = got[("lists", mode)] / got[("tensors", mode)]
+                    print(f"  lists / tensors, {op} {seg >> 10} KiB, {mode}: {ratio:.3f}", flush=True)
+                    self.records.append(dict(backend="xgmi", op=op, mem="gpu", segment_bytes=seg, segments=count,
+                                             metric="lists_over_tensors", mode=mode, value=ratio,
+                                             machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
 
-                def deep():
-                    for st in [fn(lo, ro, sizes, 1) for _ in range(self.args.depth)]:
-                        st.Wait()
-                t = cuda_time(deep, max(2, iters // self.args.depth)) / self.args.depth
-                self.record(op, seg, count, t, base_1g, case=f"batch, {self.args.depth} in flight",
-                            vs="copy_ of the buffer")
+    def copy_call_to_sync(self, size, iters):
+        """Median seconds of copy_ of `size` bytes, call to synchronize."""
+        def once():
+            self.dst[:size].copy_(self.src[:size], non_blocking=True)
+            torch.cuda.synchronize()
+        return median_time(once, iters)
 
     def submit_cost(self, sess):
         count = 16384
