@@ -6,6 +6,18 @@
 #include "gpu/trace_ranges.h"
 
 namespace mori_torch {
+namespace {
+
+// A spin-wait hint: the core pauses briefly without giving up its thread.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace
 
 StatusCode TransferStatus::Code() {
   StatusCode c = PeekCode();
@@ -110,10 +122,13 @@ StatusCode TransferStatus::WaitFor(int64_t timeout_ms) {
   if (IsTerminal(c) || timeout_ms == 0) return c;
   const bool forever = timeout_ms < 0;
   const auto deadline = Clock::now() + std::chrono::milliseconds(forever ? 0 : timeout_ms);
-  // Spin (yielding) for a short while before sleeping: waking a sleeper
-  // costs tens of microseconds, about what a small TCP round trip takes, and
-  // most GPU copies end sooner still. Poll-completed statuses (GPU events)
-  // spin longer: nobody notifies them.
+  // Spin for a short while before sleeping: waking a sleeper costs tens of
+  // microseconds, about what a small TCP round trip takes, and most GPU
+  // copies end sooner still. Poll-completed statuses (GPU events) spin
+  // longer, since nobody notifies them, and without yielding: polling alone
+  // ends them (a 64 MiB copy on one H100 ended 4.9 us later on average
+  // than when polled from Python while Wait() yielded). The others yield,
+  // so that the thread that will end them can run on a busy machine.
   bool spin_long;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -123,7 +138,11 @@ StatusCode TransferStatus::WaitFor(int64_t timeout_ms) {
   while (Clock::now() < spin_until && (forever || Clock::now() < deadline)) {
     c = Code();
     if (IsTerminal(c)) return c;
-    std::this_thread::yield();
+    if (spin_long) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
   }
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
