@@ -147,7 +147,7 @@ void EventLoop::Stop() {
 
 void EventLoop::Add(int fd, uint32_t events, int64_t idle_ms, Handler h) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto w = std::make_shared<Watch>(Watch{fd, next_gen_++, std::move(h), idle_ms, SteadyMs()});
+  auto w = std::make_shared<Watch>(Watch{fd, next_gen_++, std::move(h), idle_ms, SteadyMs(), false, {}});
   epoll_event ev{};
   ev.events = events | EPOLLONESHOT;
   ev.data.u64 = (w->gen << 32) | static_cast<uint32_t>(fd);
