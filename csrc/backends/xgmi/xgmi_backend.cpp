@@ -227,8 +227,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     bool fits = true;
     for (const CopySource& src : sources) {
       for (const Segment& s : *src.segs) {
-        const uint64_t d = src.dst_base + (src.is_read ? s.local_off : s.remote_off);
-        const uint64_t r = src.src_base + (src.is_read ? s.remote_off : s.local_off);
+        const uint64_t d = src.Dst(s), r = src.Src(s);
         for (uint64_t off = 0; off < s.size && fits; off += piece) {
           if (n == gpu::kInlineSegments)
             fits = false;
@@ -292,11 +291,8 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
       }
     } else {
       for (const CopySource& src : sources) {
-        const uint64_t dst_base = src.dst_base, src_base = src.src_base;
-        const bool is_read = src.is_read;
         for (const Segment& s : *src.segs) {
-          const uint64_t d = dst_base + (is_read ? s.local_off : s.remote_off);
-          const uint64_t r = src_base + (is_read ? s.remote_off : s.local_off);
+          const uint64_t d = src.Dst(s), r = src.Src(s);
           if (s.size <= piece) {
             host[written++] = {d, r, s.size};
           } else {
@@ -434,8 +430,7 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     } else {
       for (const CopySource& src : sources) {
         for (const Segment& s : *src.segs) {
-          gpu::CopyAsync(src.dst_base + (src.is_read ? s.local_off : s.remote_off),
-                         src.src_base + (src.is_read ? s.remote_off : s.local_off), s.size, lane->stream);
+          gpu::CopyAsync(src.Dst(s), src.Src(s), s.size, lane->stream);
         }
       }
     }

@@ -186,7 +186,10 @@ class XgmiBackend : public Backend {
     uint64_t dst_base;
     uint64_t src_base;
     bool is_read;
-    uint64_t max_bytes;  // of *segs' entries (unknown for a merged list: UINT64_MAX)
+    uint64_t max_bytes;  // of *segs' entries
+    // Where segment s is copied to and from, as addresses in this process.
+    uint64_t Dst(const Segment& s) const { return dst_base + (is_read ? s.local_off : s.remote_off); }
+    uint64_t Src(const Segment& s) const { return src_base + (is_read ? s.remote_off : s.local_off); }
   };
   // A transfer ready to enqueue: its local memory held, its segments placed.
   struct Prepared {
