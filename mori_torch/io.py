@@ -482,6 +482,9 @@ class _ShutDownEngine:
         self._native = native  # read only for stats() after shutdown
 
     def __getattr__(self, name):
+        self.refuse(name)
+
+    def refuse(self, name: str):
         raise RuntimeError(f"IOEngine '{self._key}' is shut down ({name} called after shutdown())")
 
 
@@ -505,6 +508,11 @@ def _native_call(fn):
 # engine-level read paid it twice and an 8-pair batch 16 times. Our methods
 # are not torch functions: calls that pass our objects run with it off.
 _no_torch_function = torch._C.DisableTorchFunction
+
+
+def _lists_of_lists(v) -> bool:
+    """A list or tuple whose entries are all lists or tuples (of ints)."""
+    return (type(v) is list or type(v) is tuple) and all(type(x) is list or type(x) is tuple for x in v)
 
 
 def _wrap_all(natives) -> List[TransferStatus]:
@@ -753,6 +761,14 @@ class IOEngine:
     def _batch(self, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
         locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]
         remotes = [_check_desc("remote_descs[]", d, MemoryDesc) for d in remote_descs]
+        if _lists_of_lists(local_offsets) and _lists_of_lists(remote_offsets) and _lists_of_lists(sizes):
+            # What the serving engines pass: read and submitted in one native
+            # call, without TorchScript's conversion of every argument.
+            if type(self._e) is _ShutDownEngine:
+                self._e.refuse("batch_read/batch_write")
+            natives = _C.engine_batch(self._e, is_read, locals_, local_offsets, remotes, remote_offsets, sizes,
+                                      uids if type(uids) is list else list(uids))
+            return _wrap_all(natives)
         lo = _int64s_each("local_offsets", local_offsets)
         ro = _int64s_each("remote_offsets", remote_offsets)
         sz = _int64s_each("sizes", sizes)

@@ -411,9 +411,26 @@ StatusPtr Engine::Write(const MemoryDesc& local, int64_t lo, const MemoryDesc& r
   return Submit(false, local, remote, {lo}, {ro}, {size}, uid);
 }
 
+namespace {
+std::vector<const MemoryDesc*> Addresses(const std::vector<MemoryDesc>& v) {
+  std::vector<const MemoryDesc*> out;
+  out.reserve(v.size());
+  for (const MemoryDesc& d : v) out.push_back(&d);
+  return out;
+}
+}  // namespace
+
 std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<MemoryDesc>& locals,
                                              const std::vector<Int64Span>& local_offsets,
                                              const std::vector<MemoryDesc>& remotes,
+                                             const std::vector<Int64Span>& remote_offsets,
+                                             const std::vector<Int64Span>& sizes, const std::vector<int64_t>& uids) {
+  return BatchTransfer(is_read, Addresses(locals), local_offsets, Addresses(remotes), remote_offsets, sizes, uids);
+}
+
+std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<const MemoryDesc*>& locals,
+                                             const std::vector<Int64Span>& local_offsets,
+                                             const std::vector<const MemoryDesc*>& remotes,
                                              const std::vector<Int64Span>& remote_offsets,
                                              const std::vector<Int64Span>& sizes, const std::vector<int64_t>& uids) {
   const size_t n = locals.size();
@@ -438,7 +455,7 @@ std::vector<StatusPtr> Engine::BatchTransfer(bool is_read, const std::vector<Mem
   for (size_t i = 0; i < n; ++i) {
     TransferOp op;
     TransferPath path;
-    out.push_back(Prepare(is_read, locals[i], remotes[i], local_offsets[i], remote_offsets[i], sizes[i],
+    out.push_back(Prepare(is_read, *locals[i], *remotes[i], local_offsets[i], remote_offsets[i], sizes[i],
                           static_cast<TransferUid>(uids[i]), &op, &path));
     if (op.status) routed.emplace_back(std::move(op), std::move(path));
   }

@@ -84,6 +84,13 @@ class Engine : public ControlPlaneDelegate {
                                        const std::vector<MemoryDesc>& remotes,
                                        const std::vector<Int64Span>& remote_offsets,
                                        const std::vector<Int64Span>& sizes, const std::vector<int64_t>& uids);
+  // The same with the descriptors by address (the caller's objects, read
+  // during the call only): bindings that hold them need not copy each one.
+  std::vector<StatusPtr> BatchTransfer(bool is_read, const std::vector<const MemoryDesc*>& locals,
+                                       const std::vector<Int64Span>& local_offsets,
+                                       const std::vector<const MemoryDesc*>& remotes,
+                                       const std::vector<Int64Span>& remote_offsets,
+                                       const std::vector<Int64Span>& sizes, const std::vector<int64_t>& uids);
 
   // nullptr when no backend can serve the pair; throws Error for bad
   // descriptors.

@@ -82,10 +82,12 @@ using EngineDescRef = c10::intrusive_ptr<EngineDescObj>;
 
 MemoryDescRef Wrap(MemoryDesc d) { return c10::make_intrusive<MemoryDescObj>(std::move(d)); }
 
-std::vector<MemoryDesc> ToDescs(const c10::List<MemoryDescRef>& l) {
-  std::vector<MemoryDesc> out;
+// The descriptors' addresses inside their objects, which the list keeps
+// alive for the call (no copy of each descriptor).
+std::vector<const MemoryDesc*> DescAddresses(const c10::List<MemoryDescRef>& l) {
+  std::vector<const MemoryDesc*> out;
   out.reserve(l.size());
-  for (const MemoryDescRef& r : l) out.push_back(r->d);
+  for (const MemoryDescRef& r : l) out.push_back(&r->d);
   return out;
 }
 
@@ -319,16 +321,16 @@ TORCH_LIBRARY(mori, m) {
               const c10::List<MemoryDescRef>& remotes, const c10::List<c10::List<int64_t>>& ro,
               const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
              const auto l = ToVecs(lo), r = ToVecs(ro), n = ToVecs(sizes);
-             return WrapAll(self->e->BatchTransfer(true, ToDescs(locals), Spans(l), ToDescs(remotes), Spans(r),
-                                                   Spans(n), ToVec(uids)));
+             return WrapAll(self->e->BatchTransfer(true, DescAddresses(locals), Spans(l), DescAddresses(remotes),
+                                                   Spans(r), Spans(n), ToVec(uids)));
            })
       .def("batch_write",
            [](const EngineRef& self, const c10::List<MemoryDescRef>& locals, const c10::List<c10::List<int64_t>>& lo,
               const c10::List<MemoryDescRef>& remotes, const c10::List<c10::List<int64_t>>& ro,
               const c10::List<c10::List<int64_t>>& sizes, const c10::List<int64_t>& uids) {
              const auto l = ToVecs(lo), r = ToVecs(ro), n = ToVecs(sizes);
-             return WrapAll(self->e->BatchTransfer(false, ToDescs(locals), Spans(l), ToDescs(remotes), Spans(r),
-                                                   Spans(n), ToVec(uids)));
+             return WrapAll(self->e->BatchTransfer(false, DescAddresses(locals), Spans(l), DescAddresses(remotes),
+                                                   Spans(r), Spans(n), ToVec(uids)));
            })
       .def("batch_transfer_tensors",
            [](const EngineRef& self, bool is_read, const c10::List<MemoryDescRef>& locals,
@@ -338,7 +340,8 @@ TORCH_LIBRARY(mori, m) {
              const auto l = Spans(lo, "local_offsets[]", &holders);
              const auto r = Spans(ro, "remote_offsets[]", &holders);
              const auto n = Spans(sizes, "sizes[]", &holders);
-             return WrapAll(self->e->BatchTransfer(is_read, ToDescs(locals), l, ToDescs(remotes), r, n, ToVec(uids)));
+             return WrapAll(
+                 self->e->BatchTransfer(is_read, DescAddresses(locals), l, DescAddresses(remotes), r, n, ToVec(uids)));
            })
       .def("create_session",
            [](const EngineRef& self, const MemoryDescRef& local,

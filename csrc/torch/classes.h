@@ -1,6 +1,7 @@
 // Custom-class holders shared by classes.cpp (which registers them),
 // ops.cpp (whose ops take a session) and fast_calls.cpp (which reads a
-// status or allocates a uid without TorchScript's method call).
+// status, allocates a uid or submits an engine-level batch without
+// TorchScript's method call).
 #pragma once
 
 #include <torch/custom_class.h>

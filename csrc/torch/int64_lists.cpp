@@ -203,34 +203,54 @@ PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs
                   });
 }
 
+bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out) {
+  if (!IsListOrTuple(seq)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  out->resize(static_cast<size_t>(n));
+  return ReadAll(seq, n, out->data(), what);
+}
+
+bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out) {
+  if (!IsListOrTuple(seqs)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s", what, Py_TYPE(seqs)->tp_name);
+    return false;
+  }
+  const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
+  // References to the lists themselves: an entry's __index__ may change
+  // the outer list while a later list waits to be read.
+  std::vector<pybind11::object> held;
+  held.reserve(m);
+  for (Py_ssize_t i = 0; i < m; ++i) {
+    PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
+    if (!IsListOrTuple(seq)) {
+      PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i, Py_TYPE(seq)->tp_name);
+      return false;
+    }
+    held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
+  }
+  out->clear();
+  out->reserve(m);
+  for (Py_ssize_t i = 0; i < m; ++i) {
+    const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
+    out->push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
+    if (!ReadAll(held[i].ptr(), n, out->back().data_ptr<int64_t>(), name.c_str())) return false;
+  }
+  return true;
+}
+
 PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return ListCall(args, nargs, "int64_tensors(lists, what: str)", "",
                   [](PyObject* seqs, const char* what) -> PyObject* {
-                    const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
-                    // References to the lists themselves: an entry's __index__ may change
-                    // the outer list while a later list waits to be read.
-                    std::vector<pybind11::object> held;
-                    held.reserve(m);
-                    for (Py_ssize_t i = 0; i < m; ++i) {
-                      PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
-                      if (!IsListOrTuple(seq)) {
-                        PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i,
-                                     Py_TYPE(seq)->tp_name);
-                        return nullptr;
-                      }
-                      held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
-                    }
                     // The result list is made only once every list is read: an entry's
                     // __index__ may run any Python code, which must never find a list of
                     // ours with empty slots (gc.get_objects() would hand it out).
                     std::vector<at::Tensor> tensors;
-                    tensors.reserve(m);
-                    for (Py_ssize_t i = 0; i < m; ++i) {
-                      const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-                      const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
-                      tensors.push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
-                      if (!ReadAll(held[i].ptr(), n, tensors.back().data_ptr<int64_t>(), name.c_str())) return nullptr;
-                    }
+                    if (!ReadInt64Lists(seqs, what, &tensors)) return nullptr;
+                    const auto m = static_cast<Py_ssize_t>(tensors.size());
                     pybind11::list out(m);
                     for (Py_ssize_t i = 0; i < m; ++i) {
                       PyObject* t = THPVariable_Wrap(std::move(tensors[i]));

@@ -2,7 +2,10 @@
 // pass) into int64 tensors, for mori_torch._C.int64_tensor.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <Python.h>
+
+#include <vector>
 
 namespace mori_torch {
 namespace bind {
@@ -17,6 +20,14 @@ PyObject* Int64TensorFromList(PyObject* self, PyObject* const* args, Py_ssize_t 
 // enumerate(lists)], every entry a list or tuple of ints, in one call: the
 // engine-level batch's lists, one per memory pair.
 PyObject* Int64TensorsFromLists(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+
+// For the native calls that take lists themselves (fast_calls.h); with the
+// GIL held. False with a Python error set (naming what[j], or what[i][j]).
+// One list or tuple of ints into *out.
+bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out);
+// Every list or tuple of ints in the list or tuple `seqs` into a pooled
+// int64 tensor of its own, in order.
+bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out);
 
 }  // namespace bind
 }  // namespace mori_torch

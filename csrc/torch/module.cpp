@@ -110,6 +110,10 @@ PyMethodDef kMethods[] = {
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::Int64TensorsFromLists)),
      METH_FASTCALL,
      "int64_tensors(lists, what) -> int64 tensors of every list or tuple of ints in `lists`; errors name what[i][j]."},
+    {"engine_batch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::EngineBatch)),
+     METH_FASTCALL,
+     "engine_batch(engine, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> "
+     "the statuses of an engine-level batch whose offsets and sizes are lists of lists of ints."},
     {"transfer_uid", mori_torch::bind::TransferUidOf, METH_O,
      "transfer_uid(session_or_engine) -> the next transfer uid of a torch.classes.mori.Session or Engine."},
     {"status_code", mori_torch::bind::StatusCodeOf, METH_O,

@@ -306,7 +306,7 @@ TEST_P(EngineTcpTest, EngineBatchTransferOverTwoMemoryPairs) {
     want_b2_ = b2_;
   }
   // Empty batch and empty segment lists end with SUCCESS.
-  EXPECT_TRUE(a_->BatchTransfer(false, {}, {}, {}, {}, {}, {}).empty());
+  EXPECT_TRUE(a_->BatchTransfer(false, std::vector<MemoryDesc>{}, {}, std::vector<MemoryDesc>{}, {}, {}, {}).empty());
   auto st = a_->BatchTransfer(false, {amem_}, {{}}, {bmem_}, {{}}, {{}}, {99});
   ASSERT_EQ(st.size(), 1u);
   EXPECT_TRUE(Ends(st[0], StatusCode::SUCCESS));

@@ -275,3 +275,78 @@ def test_lists_that_disagree_in_length_are_refused_clearly(p):
     st.Wait()
     assert st.Failed()
     assert "mismatched list lengths: local_offsets has 2, remote_offsets has 1" in st.Message()
+
+
+def test_engine_batch_from_lists_goes_native_in_one_call(p):
+    """Lists of lists (what SGLang passes) take one native call
+    (_C.engine_batch, no TorchScript conversion); tuples and a range of uids
+    too. The bytes and statuses are those of the tensor path."""
+    from mori_torch import _C
+    from mori_torch.io import TransferStatus
+
+    src = pattern(N * SEG, seed=21)
+    p.local.copy_(src)
+    lo, ro, sizes = _layout(seed=9)
+    half = N // 2
+    calls = []
+    real = _C.engine_batch
+
+    def spy(*a):
+        calls.append(len(a))
+        return real(*a)
+
+    _C.engine_batch = spy
+    try:
+        uid = p.init.allocate_transfer_uid()
+        sts = p.init.batch_write(
+            (p.local_desc, p.local_desc), (tuple(lo[:half]), lo[half:]), [p.remote_desc, p.remote_desc],
+            [ro[:half], tuple(ro[half:])], [sizes[:half], sizes[half:]], range(uid, uid + 2))
+    finally:
+        _C.engine_batch = real
+    assert calls == [8]
+    assert len(sts) == 2 and all(type(s) is TransferStatus for s in sts)
+    for st in sts:
+        wait_ok(st)
+    for l_off, r_off in zip(lo, ro):
+        assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
+
+
+def test_engine_batch_from_lists_refuses_bad_input_clearly(p):
+    from mori_torch import _C
+
+    before = p.remote.clone()
+    p.local.fill_(0xCD)
+    ld, rd = p.local_desc, p.remote_desc
+    # Pair counts that disagree: every status fails and names the lengths.
+    sts = p.init.batch_write([ld, ld], [[0], [SEG]], [rd], [[0]], [[SEG]], [1, 2])
+    assert len(sts) == 2
+    for st in sts:
+        st.Wait()
+        assert st.Failed() and "mismatched list lengths" in st.Message()
+    with pytest.raises(TypeError, match=r"remote_offsets\[1\]\[0\] must be an int, got str"):
+        p.init.batch_write([ld, ld], [[0], [SEG]], [rd, rd], [[0], ["x"]], [[SEG], [SEG]], [1, 2])
+    with pytest.raises(OverflowError, match=r"uids\[1\] does not fit in int64"):
+        p.init.batch_write([ld, ld], [[0], [SEG]], [rd, rd], [[0], [SEG]], [[SEG], [SEG]], [1, 1 << 64])
+    # Out of range: that pair's status fails, the other pair's moves.
+    sts = p.init.batch_write([ld, ld], [[0], [SEG]], [rd, rd], [[0], [N * SEG]], [[SEG], [SEG]], [3, 4])
+    wait_ok(sts[0])
+    sts[1].Wait()
+    assert sts[1].Failed() and "remote" in sts[1].Message()
+    assert torch.equal(p.remote[SEG:], before[SEG:])
+    # The native call itself checks what it is given.
+    native = p.init._e
+    with pytest.raises(TypeError, match=r"engine_batch\(engine, is_read"):
+        _C.engine_batch(native, False)
+    with pytest.raises(TypeError, match=r"expected a torch.classes.mori.Engine, got int"):
+        _C.engine_batch(7, False, [], [], [], [], [], [])
+    with pytest.raises(TypeError, match=r"local_descs\[1\] must be a MemoryDesc, got str"):
+        _C.engine_batch(native, False, [ld._d, "x"], [[0], [0]], [rd._d, rd._d], [[0], [0]], [[1], [1]], [1, 2])
+    with pytest.raises(TypeError, match=r"sizes must be a list or tuple, got int"):
+        _C.engine_batch(native, False, [ld._d], [[0]], [rd._d], [[0]], 5, [1])
+
+
+def test_engine_batch_from_lists_after_shutdown_says_so(p):
+    ld, rd = p.local_desc, p.remote_desc
+    p.init.shutdown()
+    with pytest.raises(RuntimeError, match="is shut down"):
+        p.init.batch_write([ld], [[0]], [rd], [[0]], [[SEG]], [1])
