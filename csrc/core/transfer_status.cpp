@@ -46,6 +46,9 @@ void TransferStatus::Update(StatusCode code, const std::string& message, bool pa
     {
       std::lock_guard<std::mutex> lk(mu_);
       hook.swap(outcome_);
+      // The attempt that ended is polled no more (a retry sets its own hook):
+      // a stale one would have Wait() spin as if a GPU event could end it.
+      if (hook) progress_.reset();
     }
     if (hook) {
       std::string msg = message;

@@ -309,8 +309,8 @@ def test_merged_segments(cfg, layout):
 
 
 def test_one_lane_reused_while_batches_run():
-    """With one lane, each batch must wait for the previous one's list upload
-    and kernel before reusing (and growing) the lane's lists: submit batches
+    """With one lane, each batch must wait for the previous one's kernel
+    (which reads the list) before reusing (and growing) the lane's lists: submit batches
     of growing size back to back, wait at the end, check every byte."""
     a, b, local, remote, ld, rd = _pair_with("same-device", num_streams=1, **KERNEL_ALWAYS)
     local.copy_(rand_bytes(local.numel(), local.device, 5))
