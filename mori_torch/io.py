@@ -77,12 +77,18 @@ class StatusCode(enum.IntEnum):
     ERR_GPU_OP = 15
 
 
+# The per-transfer calls are plain CPython calls (csrc/torch/fast_calls.h):
+# 0.1-0.2 us of call overhead against TorchScript's method call, 1.4-5 us.
 try:
     _status_code = _C.status_code
-    _transfer_uid = _C.transfer_uid  # a plain CPython call: 0.1-0.2 us against TorchScript's 1.4-5
+    _status_wait = _C.status_wait
+    _transfer_uid = _C.transfer_uid
+    _session_transfer = _C.session_transfer
+    _session_batch = _C.session_batch
+    _engine_transfer = _C.engine_transfer
 except AttributeError:  # an extension built from an older tree
-    raise ImportError("mori_torch._C is older than this mori_torch (no status_code or transfer_uid): rebuild it "
-                      "(scripts/setup.sh, or pip install --no-build-isolation .)") from None
+    raise ImportError("mori_torch._C is older than this mori_torch (no session_transfer or status_wait): rebuild "
+                      "it (scripts/setup.sh, or pip install --no-build-isolation .)") from None
 _SUCCESS, _INIT, _IN_PROGRESS = int(StatusCode.SUCCESS), int(StatusCode.INIT), int(StatusCode.IN_PROGRESS)
 _LAST_NON_ERROR = 10  # codes above are errors (base/error.h: IsError)
 
@@ -350,11 +356,11 @@ class TransferStatus:
 
     def Wait(self) -> None:
         """Blocks until the transfer ends; releases the GIL meanwhile."""
-        self._s.Wait()
+        _status_wait(self._s, -1)
 
     def WaitFor(self, timeout_ms: int = -1) -> StatusCode:
         """Waits up to timeout_ms (0: poll once, <0: forever); returns the code seen."""
-        return StatusCode(self._s.WaitFor(_index("timeout_ms", timeout_ms)))
+        return StatusCode(_status_wait(self._s, timeout_ms))
 
     def WaitBusy(self, timeout_ms: int = -1) -> StatusCode:
         """Upstream's spinning wait; here the same as WaitFor (which also
@@ -515,6 +521,11 @@ def _lists_of_lists(v) -> bool:
     return (type(v) is list or type(v) is tuple) and all(type(x) is list or type(x) is tuple for x in v)
 
 
+def _native_int64s(v) -> bool:
+    """A form the native batch calls read themselves: a list, tuple or tensor."""
+    return type(v) is list or type(v) is tuple or isinstance(v, torch.Tensor)
+
+
 def _wrap_all(natives) -> List[TransferStatus]:
     return [TransferStatus(s) for s in natives]
 
@@ -522,14 +533,10 @@ def _wrap_all(natives) -> List[TransferStatus]:
 class IOEngineSession:
     """Pins one (local, remote) memory pair to its backend; see IOEngine.create_session."""
 
-    # Bound native methods of the single transfers, fetched once: fetching a
-    # TorchScript method costs about as much as calling it.
-    __slots__ = ("_s", "_read", "_write", "_engine")
+    __slots__ = ("_s", "_engine")
 
     def __init__(self, _native_session, _engine=None):
         self._s = _native_session
-        self._read = _native_session.read
-        self._write = _native_session.write
         self._engine = _engine
 
     def _check_open(self):
@@ -546,43 +553,37 @@ class IOEngineSession:
         """Reads ``size`` bytes at ``remote_offset`` of the remote memory into ``local_offset`` of the
         local one; returns at once with the transfer's status."""
         self._check_open()
-        try:
-            return TransferStatus(self._read(local_offset, remote_offset, size, uid))
-        except RuntimeError as e:
-            _raise_if_type_error(e)
-            raise
+        return TransferStatus(_session_transfer(self._s, True, local_offset, remote_offset, size, uid))
 
     @_upstream_keywords(transfer_uid="uid")
     def write(self, local_offset: int, remote_offset: int, size: int, uid: int) -> TransferStatus:
         """Writes ``size`` bytes at ``local_offset`` of the local memory to ``remote_offset`` of the
         remote one; returns at once with the transfer's status."""
         self._check_open()
-        try:
-            return TransferStatus(self._write(local_offset, remote_offset, size, uid))
-        except RuntimeError as e:
-            _raise_if_type_error(e)
-            raise
+        return TransferStatus(_session_transfer(self._s, False, local_offset, remote_offset, size, uid))
 
     @_upstream_keywords(transfer_uid="uid")
     def batch_read(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
         """Lists or tuples of ints, 1-D int64 tensors or numpy integer arrays."""
-        return self._batch(self._s.batch_read_tensors, local_offsets, remote_offsets, sizes, uid)
+        return self._batch(True, local_offsets, remote_offsets, sizes, uid)
 
     @_upstream_keywords(transfer_uid="uid")
     def batch_write(self, local_offsets, remote_offsets, sizes, uid: int) -> TransferStatus:
         """Lists or tuples of ints, 1-D int64 tensors or numpy integer arrays."""
-        return self._batch(self._s.batch_write_tensors, local_offsets, remote_offsets, sizes, uid)
+        return self._batch(False, local_offsets, remote_offsets, sizes, uid)
 
-    def _batch(self, from_tensors, local_offsets, remote_offsets, sizes, uid):
+    def _batch(self, is_read, local_offsets, remote_offsets, sizes, uid):
         self._check_open()
-        lo = _int64s("local_offsets", local_offsets)
-        ro = _int64s("remote_offsets", remote_offsets)
-        sz = _int64s("sizes", sizes)
-        try:
-            return TransferStatus(from_tensors(lo, ro, sz, uid))
-        except RuntimeError as e:
-            _raise_if_type_error(e)
-            raise
+        # Lists, tuples and tensors go to the native call as they are (it
+        # reads lists itself); numpy arrays and other iterables become
+        # tensors first.
+        if not _native_int64s(local_offsets):
+            local_offsets = _int64s("local_offsets", local_offsets)
+        if not _native_int64s(remote_offsets):
+            remote_offsets = _int64s("remote_offsets", remote_offsets)
+        if not _native_int64s(sizes):
+            sizes = _int64s("sizes", sizes)
+        return TransferStatus(_session_batch(self._s, is_read, local_offsets, remote_offsets, sizes, uid))
 
     def alive(self) -> bool:
         """False once the session's backend or either memory is gone."""
@@ -738,12 +739,9 @@ class IOEngine:
         ``local_dest``; returns at once with the transfer's status."""
         local = _check_desc("local_dest", local_dest, MemoryDesc)
         remote = _check_desc("remote_src", remote_src, MemoryDesc)
-        try:
-            with _no_torch_function():
-                return TransferStatus(self._e.read(local, local_offset, remote, remote_offset, size, uid))
-        except RuntimeError as e:
-            _raise_if_type_error(e)
-            raise
+        if type(self._e) is _ShutDownEngine:
+            self._e.refuse("read")
+        return TransferStatus(_engine_transfer(self._e, True, local, local_offset, remote, remote_offset, size, uid))
 
     @_upstream_keywords(transfer_uid="uid")
     def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid) -> TransferStatus:
@@ -751,12 +749,9 @@ class IOEngine:
         ``remote_dest``; returns at once with the transfer's status."""
         local = _check_desc("local_src", local_src, MemoryDesc)
         remote = _check_desc("remote_dest", remote_dest, MemoryDesc)
-        try:
-            with _no_torch_function():
-                return TransferStatus(self._e.write(local, local_offset, remote, remote_offset, size, uid))
-        except RuntimeError as e:
-            _raise_if_type_error(e)
-            raise
+        if type(self._e) is _ShutDownEngine:
+            self._e.refuse("write")
+        return TransferStatus(_engine_transfer(self._e, False, local, local_offset, remote, remote_offset, size, uid))
 
     def _batch(self, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
         locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]

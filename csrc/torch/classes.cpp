@@ -12,6 +12,7 @@
 #include "gpu/gpu_runtime.h"
 #include "gpu/trace_ranges.h"
 #include "torch/classes.h"
+#include "torch/int64_buffers.h"
 
 namespace mori_torch {
 namespace bind {
@@ -56,20 +57,6 @@ std::string Str(c10::IntArrayRef v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
-}
-
-// Offsets and sizes as int64 tensors are read in place, without a per-element
-// conversion (block tables usually are tensors already); device tensors are
-// copied to the host first.
-struct HostInt64 {
-  at::Tensor host;  // keeps the values alive while the span is used
-  Int64Span span() const { return {host.data_ptr<int64_t>(), static_cast<size_t>(host.numel())}; }
-};
-HostInt64 ToHostInt64(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ",
-                   c10::toString(t.scalar_type()));
-  TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", std::to_string(t.dim()), " dimensions");
-  return {t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous()};
 }
 
 StatusRef Wrap(StatusPtr p) { return c10::make_intrusive<TransferStatusObj>(std::move(p)); }

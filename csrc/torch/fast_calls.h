@@ -18,6 +18,30 @@ PyObject* StatusCodeOf(PyObject* module, PyObject* status);
 // allocate_transfer_uid methods take from).
 PyObject* TransferUidOf(PyObject* module, PyObject* owner);
 
+// session_transfer(session, is_read, local_offset, remote_offset, size,
+// uid) -> TransferStatus: a torch.classes.mori.Session's read or write of
+// one segment. Ints may be any int or have __index__ (TypeError naming the
+// argument otherwise, OverflowError beyond int64). A METH_FASTCALL function.
+PyObject* SessionTransfer(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
+// session_batch(session, is_read, local_offsets, remote_offsets, sizes, uid)
+// -> TransferStatus: a session's batch read or write, each of the three
+// arguments a list or tuple of ints (read here; errors name what[j]) or a
+// 1-D int64 tensor (read in place; a device tensor is copied to the host).
+// A METH_FASTCALL function.
+PyObject* SessionBatch(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
+// engine_transfer(engine, is_read, local_desc, local_offset, remote_desc,
+// remote_offset, size, uid) -> TransferStatus: an engine-level read or
+// write of one segment (descriptors as torch.classes.mori.MemoryDesc).
+// A METH_FASTCALL function.
+PyObject* EngineTransfer(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
+// status_wait(status, timeout_ms) -> int: waits up to timeout_ms for a
+// torch.classes.mori.TransferStatus to end (0: poll once, < 0: forever),
+// without the GIL; returns the code seen. A METH_FASTCALL function.
+PyObject* StatusWait(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
 // engine_batch(engine, is_read, local_descs, local_offsets, remote_descs,
 // remote_offsets, sizes, uids) -> [TransferStatus]: the engine-level batch
 // (one transfer per memory pair) from native descriptors and lists or

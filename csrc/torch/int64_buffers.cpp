@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 namespace mori_torch {
@@ -98,6 +99,13 @@ at::Tensor PooledInt64Tensor(int64_t n) {
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), caffe2::TypeMeta::Make<int64_t>());
   t.unsafeGetTensorImpl()->set_sizes_contiguous({n});
   return t;
+}
+
+HostInt64 ToHostInt64(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ",
+                   c10::toString(t.scalar_type()));
+  TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", std::to_string(t.dim()), " dimensions");
+  return {t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous()};
 }
 
 }  // namespace bind

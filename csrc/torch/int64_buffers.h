@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "core/transfer_args.h"
+
 namespace mori_torch {
 namespace bind {
 
@@ -18,6 +20,17 @@ namespace bind {
 // a live tensor never shares memory with another. Larger lists than the
 // pool keeps get a plain tensor.
 at::Tensor PooledInt64Tensor(int64_t n);
+
+// Offsets and sizes passed as int64 tensors are read in place, without a
+// per-element conversion (block tables usually are tensors already); device
+// tensors are copied to the host first.
+struct HostInt64 {
+  at::Tensor host;  // keeps the values alive while the span is used
+  Int64Span span() const { return {host.data_ptr<int64_t>(), static_cast<size_t>(host.numel())}; }
+};
+// `t` as a 1-D int64 host tensor; c10::TypeError (another dtype) or
+// c10::ValueError (not 1-D) naming `name`.
+HostInt64 ToHostInt64(const at::Tensor& t, const char* name);
 
 }  // namespace bind
 }  // namespace mori_torch

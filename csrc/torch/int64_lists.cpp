@@ -196,11 +196,40 @@ PyObject* ListCall(PyObject* const* args, Py_ssize_t nargs, const char* usage, c
 PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return ListCall(args, nargs, "int64_tensor(values, what: str)", " of ints",
                   [](PyObject* seq, const char* what) -> PyObject* {
-                    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-                    at::Tensor t = PooledInt64Tensor(static_cast<int64_t>(n));
-                    if (!ReadAll(seq, n, t.data_ptr<int64_t>(), what)) return nullptr;
+                    at::Tensor t;
+                    if (!ReadInt64Tensor(seq, what, &t)) return nullptr;
                     return THPVariable_Wrap(std::move(t));
                   });
+}
+
+bool ReadInt64(PyObject* v, const char* what, int64_t* out) {
+  if (SmallExactInt(v, out)) return true;
+  if (!PyIndex_Check(v) || PyFloat_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", what, Py_TYPE(v)->tp_name);
+    return false;
+  }
+  PyObject* idx = PyNumber_Index(v);
+  if (idx == nullptr) return false;
+  int overflow = 0;
+  const long x = PyLong_AsLongAndOverflow(idx, &overflow);
+  Py_DECREF(idx);
+  if (overflow != 0) {
+    PyErr_Format(PyExc_OverflowError, "%s does not fit in int64", what);
+    return false;
+  }
+  if (x == -1 && PyErr_Occurred()) return false;
+  *out = x;
+  return true;
+}
+
+bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out) {
+  if (!IsListOrTuple(seq)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  *out = PooledInt64Tensor(static_cast<int64_t>(n));
+  return ReadAll(seq, n, out->data_ptr<int64_t>(), what);
 }
 
 bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out) {
@@ -235,9 +264,8 @@ bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* o
   out->reserve(m);
   for (Py_ssize_t i = 0; i < m; ++i) {
     const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(held[i].ptr());
-    out->push_back(PooledInt64Tensor(static_cast<int64_t>(n)));
-    if (!ReadAll(held[i].ptr(), n, out->back().data_ptr<int64_t>(), name.c_str())) return false;
+    out->emplace_back();
+    if (!ReadInt64Tensor(held[i].ptr(), name.c_str(), &out->back())) return false;
   }
   return true;
 }

@@ -23,8 +23,13 @@ PyObject* Int64TensorsFromLists(PyObject* self, PyObject* const* args, Py_ssize_
 
 // For the native calls that take lists themselves (fast_calls.h); with the
 // GIL held. False with a Python error set (naming what[j], or what[i][j]).
+// One int (or an object with __index__, not a float) into *out: TypeError
+// "what must be an int", OverflowError beyond int64.
+bool ReadInt64(PyObject* v, const char* what, int64_t* out);
 // One list or tuple of ints into *out.
 bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out);
+// One list or tuple of ints into a pooled int64 tensor (int64_buffers.h).
+bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out);
 // Every list or tuple of ints in the list or tuple `seqs` into a pooled
 // int64 tensor of its own, in order.
 bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out);

@@ -6,9 +6,10 @@
 // that serving engines pass into int64 tensors in C (a few ns per entry:
 // torch/int64_lists.h), since the
 // TorchScript boundary converts a List[int] at about 20 ns per entry;
-// status_code polls a status and transfer_uid allocates a uid
-// (torch/fast_calls.h); config_table hands the
-// settings table to mori_torch.config.
+// the per-transfer calls (a session's read, write and batch, a status's
+// poll and wait, a uid, the engine-level batch) skip TorchScript's method
+// call (torch/fast_calls.h); config_table hands the settings table to
+// mori_torch.config.
 // The module also carries the build's facts (TORCH_VERSION, WITH_GPU), so
 // that nothing is generated into the source tree at build time.
 #include <Python.h>
@@ -114,6 +115,19 @@ PyMethodDef kMethods[] = {
      METH_FASTCALL,
      "engine_batch(engine, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> "
      "the statuses of an engine-level batch whose offsets and sizes are lists of lists of ints."},
+    {"session_transfer", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::SessionTransfer)),
+     METH_FASTCALL,
+     "session_transfer(session, is_read, local_offset, remote_offset, size, uid) -> a session's read or write."},
+    {"session_batch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::SessionBatch)),
+     METH_FASTCALL,
+     "session_batch(session, is_read, local_offsets, remote_offsets, sizes, uid) -> a session's batch read or "
+     "write; offsets and sizes lists or tuples of ints or 1-D int64 tensors."},
+    {"engine_transfer", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::EngineTransfer)),
+     METH_FASTCALL,
+     "engine_transfer(engine, is_read, local_desc, local_offset, remote_desc, remote_offset, size, uid) -> an "
+     "engine-level read or write."},
+    {"status_wait", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::StatusWait)),
+     METH_FASTCALL, "status_wait(status, timeout_ms) -> int: waits without the GIL, returns the code seen."},
     {"transfer_uid", mori_torch::bind::TransferUidOf, METH_O,
      "transfer_uid(session_or_engine) -> the next transfer uid of a torch.classes.mori.Session or Engine."},
     {"status_code", mori_torch::bind::StatusCodeOf, METH_O,

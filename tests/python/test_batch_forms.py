@@ -350,3 +350,123 @@ def test_engine_batch_from_lists_after_shutdown_says_so(p):
     p.init.shutdown()
     with pytest.raises(RuntimeError, match="is shut down"):
         p.init.batch_write([ld], [[0]], [rd], [[0]], [[SEG]], [1])
+
+
+# Single transfers, session batches and waits go through plain CPython calls
+# (_C.session_transfer, _C.engine_transfer, _C.session_batch, _C.status_wait)
+# instead of TorchScript's method call: the same forms are accepted and bad
+# values are named.
+
+
+def test_single_transfers_take_any_int_form(p):
+    src = pattern(N * SEG, seed=21)
+    p.local.copy_(src)
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    wait_ok(sess.write(np.int64(0), np.uint32(SEG), SEG, np.int64(sess.allocate_transfer_uid())))
+    wait_ok(p.init.write(p.local_desc, np.int32(2 * SEG), p.remote_desc, 3 * SEG, np.uint16(SEG), 77))
+    assert torch.equal(p.remote[SEG:2 * SEG], src[:SEG])
+    assert torch.equal(p.remote[3 * SEG:4 * SEG], src[2 * SEG:3 * SEG])
+    wait_ok(sess.read(4 * SEG, SEG, SEG, sess.allocate_transfer_uid()))
+    wait_ok(p.init.read(p.local_desc, 5 * SEG, p.remote_desc, 3 * SEG, SEG, 78))
+    assert torch.equal(p.local[4 * SEG:5 * SEG], src[:SEG])
+    assert torch.equal(p.local[5 * SEG:6 * SEG], src[2 * SEG:3 * SEG])
+
+
+def test_single_transfer_bad_arguments_are_named_and_move_nothing(p):
+    from mori_torch import _C
+
+    p.local.fill_(0xAB)
+    before = p.remote.clone()
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    ld, rd = p.local_desc, p.remote_desc
+    with pytest.raises(TypeError, match=r"^local_offset must be an int, got str$"):
+        sess.write("0", 0, SEG, 1)
+    with pytest.raises(TypeError, match=r"^remote_offset must be an int, got float$"):
+        sess.read(0, 1.0, SEG, 1)
+    with pytest.raises(OverflowError, match=r"^size does not fit in int64$"):
+        sess.write(0, 0, 1 << 64, 1)
+    with pytest.raises(TypeError, match=r"^uid must be an int, got NoneType$"):
+        sess.write(0, 0, SEG, None)
+    with pytest.raises(TypeError, match=r"^remote_offset must be an int, got list$"):
+        p.init.write(ld, 0, rd, [0], SEG, 1)
+    with pytest.raises(OverflowError, match=r"^local_offset does not fit in int64$"):
+        p.init.read(ld, -(1 << 63) - 1, rd, 0, SEG, 1)
+    with pytest.raises(TypeError, match="remote_dest must be a MemoryDesc, got int"):
+        p.init.write(ld, 0, 5, 0, SEG, 1)
+    # Values of the right type but out of range fail the status, as before.
+    st = sess.write(0, N * SEG, SEG, 2)
+    st.Wait()
+    assert st.Failed() and "remote" in st.Message()
+    assert torch.equal(p.remote, before)
+    # The native calls check what they are given themselves.
+    with pytest.raises(TypeError, match=r"session_transfer\(session, is_read"):
+        _C.session_transfer(sess._s, False, 0, 0)
+    with pytest.raises(TypeError, match="expected a torch.classes.mori.Session, got torch._C.ScriptObject"):
+        _C.session_transfer(p.init._e, False, 0, 0, SEG, 1)
+    with pytest.raises(TypeError, match="expected an Engine and two MemoryDesc"):
+        _C.engine_transfer(p.init._e, False, ld._d, 0, "x", 0, SEG, 1)
+    with pytest.raises(TypeError, match=r"engine_transfer\(engine, is_read"):
+        _C.engine_transfer(p.init._e)
+
+
+def test_session_batch_mixes_forms_without_converting_lists(p, monkeypatch):
+    """Lists, tuples and tensors reach the native call as they are (it reads
+    lists itself); numpy arrays become tensors first."""
+    from mori_torch import io
+
+    seen = []
+    real = io._session_batch
+
+    def spy(s, is_read, lo, ro, sz, uid):
+        seen.append((type(lo), type(ro), type(sz)))
+        return real(s, is_read, lo, ro, sz, uid)
+
+    monkeypatch.setattr(io, "_session_batch", spy)
+    lo, ro, sizes = _layout(seed=9)
+    src = pattern(N * SEG, seed=22)
+    p.local.copy_(src)
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    wait_ok(sess.batch_write(lo, torch.tensor(ro), tuple(sizes), 5))
+    wait_ok(sess.batch_write(np.asarray(lo), ro, np.asarray(sizes, dtype=np.int32), 6))
+    assert seen == [(list, torch.Tensor, tuple), (torch.Tensor, list, torch.Tensor)]
+    for l_off, r_off in zip(lo, ro):
+        assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
+
+
+def test_session_batch_bad_arguments_are_named(p):
+    from mori_torch import _C
+
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    with pytest.raises(TypeError, match=r"remote_offsets: expected an int64 tensor, got Int"):
+        sess.batch_write([0], torch.tensor([0], dtype=torch.int32), [SEG], 1)
+    with pytest.raises(ValueError, match=r"sizes: expected a 1-D tensor, got 2 dimensions"):
+        sess.batch_read([0], [0], torch.full((1, 1), SEG), 1)
+    with pytest.raises(TypeError, match=r"local_offsets\[1\] must be an int, got str"):
+        sess.batch_read([0, "1"], [0, 1], [1, 1], 1)
+    with pytest.raises(TypeError, match=r"^uid must be an int, got str$"):
+        sess.batch_read([0], [0], [1], "1")
+    with pytest.raises(TypeError, match=r"sizes must be a list, tuple, tensor or numpy array of ints, got int"):
+        sess.batch_read([0], [0], 7, 1)
+    with pytest.raises(TypeError, match=r"sizes must be a list, tuple or 1-D int64 tensor, got dict"):
+        _C.session_batch(sess._s, True, [0], [0], {}, 1)
+    with pytest.raises(TypeError, match=r"session_batch\(session, is_read"):
+        _C.session_batch(sess._s, True)
+
+
+def test_wait_for_through_the_native_call(p):
+    from mori_torch import _C
+    from mori_torch.io import StatusCode
+
+    p.local.copy_(pattern(N * SEG, seed=23))
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+    st = sess.write(0, 0, N * SEG, 9)
+    assert st.WaitFor(np.int64(20000)) == StatusCode.SUCCESS
+    assert st.WaitFor(0) == StatusCode.SUCCESS
+    assert torch.equal(p.remote, p.local)
+    with pytest.raises(TypeError, match=r"^timeout_ms must be an int, got str$"):
+        st.WaitFor("10")
+    with pytest.raises(TypeError, match="expected a torch.classes.mori.TransferStatus, got int"):
+        _C.status_wait(3, 0)
+    # A status nobody started: WaitFor times out and reports what it saw.
+    from mori_torch.io import TransferStatus
+    assert TransferStatus().WaitFor(5) == StatusCode.INIT
