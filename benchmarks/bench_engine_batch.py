@@ -1,7 +1,8 @@
 """Host cost of the engine-level batch (one transfer per memory pair, as
-SGLang calls it) from Python lists of lists: the native call that
-mori_torch.io makes for them (_C.engine_batch) against the TorchScript
-method path that other forms take, alternated in one process. Host memory,
+SGLang calls it): the native call that mori_torch.io makes
+(_C.engine_batch), from lists of lists and from int64 tensors, against the
+TorchScript method path that io took before (lists converted to tensors,
+then batch_transfer_tensors), alternated in one process. Host memory,
 no GPU needed. By default the remote engine is left unregistered, so every
 pair is checked, its lists read and its segments built, and then ends with
 an error status before any backend submits: the binding and the engine's
@@ -20,33 +21,44 @@ import time
 import torch
 
 import mori_torch.io as io
+from mori_torch._int64s import int64s_each as _int64s_each
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
 
 SEG = 4096
 
 
-def measure(a, ld, rd, pairs, per, routed, fast, repeats):
+def measure(a, ld, rd, pairs, per, routed, path, repeats):
+    """Median call time of one batch_write of `pairs` pairs x `per` segments:
+    path "lists" (mori_torch.io, native call reading the lists), "tensors"
+    (io, the same call taking int64 tensors in place) or "torchscript" (what
+    io did before: lists converted to tensors, then the TorchScript method)."""
     n = pairs * per
     perm = random.Random(1).sample(range(2 * n), n)
     lo = [[(p * per + i) * SEG for i in range(per)] for p in range(pairs)]
     ro = [[perm[p * per + i] * SEG for i in range(per)] for p in range(pairs)]
     sz = [[SEG] * per for _ in range(pairs)]
-    real = io._lists_of_lists
-    io._lists_of_lists = real if fast else (lambda v: False)
-    try:
-        ts = []
-        for _ in range(repeats + 5):
-            uids = [a.allocate_transfer_uid() for _ in range(pairs)]
-            t0 = time.perf_counter_ns()
-            sts = a.batch_write([ld] * pairs, lo, [rd] * pairs, ro, sz, uids)
-            ts.append(time.perf_counter_ns() - t0)
-            for s in sts:
-                s.Wait()
-                if routed and not s.Succeeded():
-                    raise SystemExit(f"transfer failed: {s.Message()}")
-        return statistics.median(ts[5:])
-    finally:
-        io._lists_of_lists = real
+    if path == "tensors":
+        lo, ro, sz = ([torch.tensor(x, dtype=torch.int64) for x in v] for v in (lo, ro, sz))
+
+    def torchscript(lds, lo, rds, ro, sz, uids):
+        with torch._C.DisableTorchFunction():
+            natives = a._e.batch_transfer_tensors(False, [d._d for d in lds], _int64s_each("local_offsets", lo),
+                                                  [d._d for d in rds], _int64s_each("remote_offsets", ro),
+                                                  _int64s_each("sizes", sz), uids)
+        return [io.TransferStatus(s) for s in natives]
+
+    submit = torchscript if path == "torchscript" else a.batch_write
+    ts = []
+    for _ in range(repeats + 5):
+        uids = [a.allocate_transfer_uid() for _ in range(pairs)]
+        t0 = time.perf_counter_ns()
+        sts = submit([ld] * pairs, lo, [rd] * pairs, ro, sz, uids)
+        ts.append(time.perf_counter_ns() - t0)
+        for s in sts:
+            s.Wait()
+            if routed and not s.Succeeded():
+                raise SystemExit(f"transfer failed: {s.Message()}")
+    return statistics.median(ts[5:])
 
 
 def main():
@@ -73,16 +85,19 @@ def main():
     records = []
     for pairs, per in shapes:
         for r in range(args.rounds):
-            fast = measure(a, ld, rd, pairs, per, args.routed, True, args.repeats)
-            slow = measure(a, ld, rd, pairs, per, args.routed, False, args.repeats)
+            t = {path: measure(a, ld, rd, pairs, per, args.routed, path, args.repeats)
+                 for path in ("lists", "tensors", "torchscript")}
             n = pairs * per
-            print(f"{pairs:3} pairs x {per:5}: native call {fast / 1e3:8.1f} us ({fast / n:7.2f} ns/segment) | "
-                  f"TorchScript path {slow / 1e3:8.1f} us ({slow / n:7.2f}) | {(slow - fast) / pairs / 1e3:5.2f} us "
+            print(f"{pairs:3} pairs x {per:5}: native call, lists {t['lists'] / 1e3:8.1f} us "
+                  f"({t['lists'] / n:7.2f} ns/segment), tensors {t['tensors'] / 1e3:8.1f} us "
+                  f"({t['tensors'] / n:7.2f}) | TorchScript path {t['torchscript'] / 1e3:8.1f} us "
+                  f"({t['torchscript'] / n:7.2f}) | lists: {(t['torchscript'] - t['lists']) / pairs / 1e3:5.2f} us "
                   "less per pair", flush=True)
             records.append(dict(pairs=pairs, segments_per_pair=per, segment_bytes=SEG, round=r, routed=args.routed,
-                                native_call_us=fast / 1e3, torchscript_path_us=slow / 1e3,
-                                baseline="the TorchScript method path (batch_transfer_tensors), same process, "
-                                         "alternated", machine=machine))
+                                native_call_us=t["lists"] / 1e3, native_call_tensors_us=t["tensors"] / 1e3,
+                                torchscript_path_us=t["torchscript"] / 1e3,
+                                baseline="the TorchScript method path (lists converted, then "
+                                         "batch_transfer_tensors), same process, alternated", machine=machine))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -5,7 +5,9 @@ the CLI's single 64 MiB case (two processes) loses to copy_, this tells the
 waiting (Wait() or polling Succeeded()) and the copy path (copy engines or
 the kernel) apart.
 
-    python benchmarks/bench_xgmi_single.py [--mib 64] [--iters 300] [--json out.json]
+    python benchmarks/bench_xgmi_single.py [--mib 64] [--iters 300] [--rounds 5] [--json out.json]
+
+The cases take turns round by round (the host has slow phases).
 """
 import argparse
 import json
@@ -48,32 +50,30 @@ def summary(name, calls, dones, machine, size):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=64)
-    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--iters", type=int, default=300, help="timed transfers per case, over all rounds")
+    ap.add_argument("--rounds", type=int, default=5, help="the cases take turns, round by round")
     ap.add_argument("--json")
     args = ap.parse_args()
     size = args.mib << 20
     src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda:0")
     dst = torch.zeros(size, dtype=torch.uint8, device="cuda:0")
     machine = f"{platform.node()} {torch.cuda.get_device_name(0)}"
-    warm = args.iters // 15
-    records = []
-    calls, dones = [], []
-    for _ in range(args.iters):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        calls.append((t1 - t0) * 1e6)
-        dones.append((t2 - t0) * 1e6)
-    base = summary("copy_ + synchronize (baseline)", calls[warm:], dones[warm:], machine, size)
-    records.append(base)
-    kernel = dict(kernel_min_segments=1, kernel_max_avg_bytes=1 << 40)
-    for name, sess, poll in (("session read, Wait()", session(src, dst, "w"), False),
-                             ("session read, polling Succeeded()", session(src, dst, "p"), True),
-                             ("session read, kernel, Wait()", session(src, dst, "k", **kernel), False)):
-        calls, dones = [], []
-        for _ in range(args.iters):
+    per_round = max(1, args.iters // args.rounds)
+    warm = max(1, per_round // 15)  # untimed, at the start of every round
+
+    def copy_round(calls, dones):
+        for i in range(warm + per_round):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= warm:
+                calls.append((t1 - t0) * 1e6)
+                dones.append((t2 - t0) * 1e6)
+
+    def engine_round(name, sess, poll, calls, dones):
+        for i in range(warm + per_round):
             uid = sess.allocate_transfer_uid()
             t0 = time.perf_counter()
             st = sess.read(0, 0, size, uid)
@@ -87,12 +87,32 @@ def main():
             t2 = time.perf_counter()
             if not st.Succeeded():
                 raise SystemExit(f"{name}: transfer failed: {st.Message()}")
-            calls.append((t1 - t0) * 1e6)
-            dones.append((t2 - t0) * 1e6)
-        r = summary(name, calls[warm:], dones[warm:], machine, size)
+            if i >= warm:
+                calls.append((t1 - t0) * 1e6)
+                dones.append((t2 - t0) * 1e6)
+
+    kernel = dict(kernel_min_segments=1, kernel_max_avg_bytes=1 << 40)
+    cases = [("copy_ + synchronize (baseline)", None, False),
+             ("session read, Wait()", session(src, dst, "w"), False),
+             ("session read, polling Succeeded()", session(src, dst, "p"), True),
+             ("session read, kernel, Wait()", session(src, dst, "k", **kernel), False)]
+    samples = {name: ([], []) for name, _, _ in cases}
+    # Round by round, each case in turn: a slow phase of the host (they
+    # come and go on the GPU VMs) hits every case alike.
+    for _ in range(args.rounds):
+        for name, sess, poll in cases:
+            if sess is None:
+                copy_round(*samples[name])
+            else:
+                engine_round(name, sess, poll, *samples[name])
+    records = []
+    base = summary(cases[0][0], *samples[cases[0][0]], machine, size)
+    records.append(base)
+    for name, _, _ in cases[1:]:
+        r = summary(name, *samples[name], machine, size)
         r["ratio_mean"] = base["done_mean_us"] / r["done_mean_us"]
         r["ratio_p50"] = base["done_p50_us"] / r["done_p50_us"]
-        r["baseline"] = "copy_ of the same bytes, same device, call to synchronize, same run"
+        r["baseline"] = "copy_ of the same bytes, same device, call to synchronize, same run, rounds alternated"
         records.append(r)
     if args.json:
         with open(args.json, "w") as f:

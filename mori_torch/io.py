@@ -516,9 +516,14 @@ def _native_call(fn):
 _no_torch_function = torch._C.DisableTorchFunction
 
 
-def _lists_of_lists(v) -> bool:
-    """A list or tuple whose entries are all lists or tuples (of ints)."""
-    return (type(v) is list or type(v) is tuple) and all(type(x) is list or type(x) is tuple for x in v)
+def _native_form(what: str, v, is_native, convert):
+    """``v`` as it is where the native call reads it itself, else converted."""
+    return v if is_native(v) else convert(what, v)
+
+
+def _native_each(v) -> bool:
+    """A list or tuple whose entries the native engine batch reads itself: lists, tuples, tensors."""
+    return (type(v) is list or type(v) is tuple) and all(_native_int64s(x) for x in v)
 
 
 def _native_int64s(v) -> bool:
@@ -577,13 +582,10 @@ class IOEngineSession:
         # Lists, tuples and tensors go to the native call as they are (it
         # reads lists itself); numpy arrays and other iterables become
         # tensors first.
-        if not _native_int64s(local_offsets):
-            local_offsets = _int64s("local_offsets", local_offsets)
-        if not _native_int64s(remote_offsets):
-            remote_offsets = _int64s("remote_offsets", remote_offsets)
-        if not _native_int64s(sizes):
-            sizes = _int64s("sizes", sizes)
-        return TransferStatus(_session_batch(self._s, is_read, local_offsets, remote_offsets, sizes, uid))
+        lo = _native_form("local_offsets", local_offsets, _native_int64s, _int64s)
+        ro = _native_form("remote_offsets", remote_offsets, _native_int64s, _int64s)
+        sz = _native_form("sizes", sizes, _native_int64s, _int64s)
+        return TransferStatus(_session_batch(self._s, is_read, lo, ro, sz, uid))
 
     def alive(self) -> bool:
         """False once the session's backend or either memory is gone."""
@@ -756,25 +758,17 @@ class IOEngine:
     def _batch(self, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids):
         locals_ = [_check_desc("local_descs[]", d, MemoryDesc) for d in local_descs]
         remotes = [_check_desc("remote_descs[]", d, MemoryDesc) for d in remote_descs]
-        if _lists_of_lists(local_offsets) and _lists_of_lists(remote_offsets) and _lists_of_lists(sizes):
-            # What the serving engines pass: read and submitted in one native
-            # call, without TorchScript's conversion of every argument.
-            if type(self._e) is _ShutDownEngine:
-                self._e.refuse("batch_read/batch_write")
-            natives = _C.engine_batch(self._e, is_read, locals_, local_offsets, remotes, remote_offsets, sizes,
-                                      uids if type(uids) is list else list(uids))
-            return _wrap_all(natives)
-        lo = _int64s_each("local_offsets", local_offsets)
-        ro = _int64s_each("remote_offsets", remote_offsets)
-        sz = _int64s_each("sizes", sizes)
-        uids = list(uids)
-        try:
-            with _no_torch_function():
-                natives = self._e.batch_transfer_tensors(is_read, locals_, lo, remotes, ro, sz, uids)
-            return _wrap_all(natives)
-        except RuntimeError as e:
-            _raise_if_type_error(e)
-            raise
+        # One native call, without TorchScript's conversion of every argument
+        # and result: it reads lists itself and takes tensors in place; other
+        # entries (numpy arrays, ranges) become tensors first.
+        lo = _native_form("local_offsets", local_offsets, _native_each, _int64s_each)
+        ro = _native_form("remote_offsets", remote_offsets, _native_each, _int64s_each)
+        sz = _native_form("sizes", sizes, _native_each, _int64s_each)
+        if type(self._e) is _ShutDownEngine:
+            self._e.refuse("batch_read/batch_write")
+        natives = _C.engine_batch(self._e, is_read, locals_, lo, remotes, ro, sz,
+                                  uids if type(uids) is list else list(uids))
+        return _wrap_all(natives)
 
     @_upstream_keywords(transfer_uid="uids")
     def batch_read(self, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> List[TransferStatus]:

@@ -58,10 +58,10 @@ bool DescsOf(PyObject* seq, const char* what, std::vector<MemoryDescRef>* refs, 
   return true;
 }
 
-std::vector<Int64Span> SpansOf(const std::vector<at::Tensor>& tensors) {
+std::vector<Int64Span> SpansOf(const std::vector<HostInt64>& values) {
   std::vector<Int64Span> out;
-  out.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) out.push_back(HostInt64{t}.span());
+  out.reserve(values.size());
+  for (const HostInt64& v : values) out.push_back(v.span());
   return out;
 }
 
@@ -131,6 +131,17 @@ bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
     return false;
   }
   return ReadInt64Tensor(v, what, &out->host);
+}
+
+// Every entry of the list or tuple `seqs` (one per memory pair of an
+// engine-level batch) as Int64Values reads it; errors name what[i], or
+// what[i][j] inside a list.
+bool Int64ValuesEach(PyObject* seqs, const char* what, std::vector<HostInt64>* out) {
+  out->clear();
+  return ReadEach(seqs, what, [&](Py_ssize_t, PyObject* entry, const char* name) {
+    out->emplace_back();
+    return Int64Values(entry, name, &out->back());
+  });
 }
 
 // The direction and the four ints of a single transfer.
@@ -271,11 +282,11 @@ PyObject* EngineBatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (is_read < 0) return nullptr;
     std::vector<MemoryDescRef> refs;
     std::vector<const MemoryDesc*> locals, remotes;
-    std::vector<at::Tensor> lo, ro, sizes;
+    std::vector<HostInt64> lo, ro, sizes;
     std::vector<int64_t> uids;
     if (!DescsOf(args[2], "local_descs", &refs, &locals) || !DescsOf(args[4], "remote_descs", &refs, &remotes) ||
-        !ReadInt64Lists(args[3], "local_offsets", &lo) || !ReadInt64Lists(args[5], "remote_offsets", &ro) ||
-        !ReadInt64Lists(args[6], "sizes", &sizes) || !ReadInt64List(args[7], "uids", &uids)) {
+        !Int64ValuesEach(args[3], "local_offsets", &lo) || !Int64ValuesEach(args[5], "remote_offsets", &ro) ||
+        !Int64ValuesEach(args[6], "sizes", &sizes) || !ReadInt64List(args[7], "uids", &uids)) {
       return nullptr;
     }
     std::vector<StatusPtr> statuses;

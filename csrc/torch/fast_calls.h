@@ -44,12 +44,12 @@ PyObject* StatusWait(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
 // engine_batch(engine, is_read, local_descs, local_offsets, remote_descs,
 // remote_offsets, sizes, uids) -> [TransferStatus]: the engine-level batch
-// (one transfer per memory pair) from native descriptors and lists or
-// tuples of lists of ints, as torch.classes.mori.Engine's
-// batch_transfer_tensors does from tensors: the lists are read here, and
-// the TorchScript call's conversion of every argument and result (about
-// 2 us per pair) is skipped. Errors in the lists name what[i][j].
-// A METH_FASTCALL function.
+// (one transfer per memory pair) from native descriptors, each pair's
+// offsets and sizes a list or tuple of ints (read here) or a 1-D int64
+// tensor (read in place), as torch.classes.mori.Engine's
+// batch_transfer_tensors does from tensors without its conversion of every
+// argument and result (about 2 us per pair). Errors name what[i], or
+// what[i][j] inside a list. A METH_FASTCALL function.
 PyObject* EngineBatch(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace bind

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
@@ -242,32 +243,33 @@ bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out) {
   return ReadAll(seq, n, out->data(), what);
 }
 
-bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out) {
+bool ReadEach(PyObject* seqs, const char* what,
+              const std::function<bool(Py_ssize_t i, PyObject* entry, const char* name)>& read) {
   if (!IsListOrTuple(seqs)) {
     PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s", what, Py_TYPE(seqs)->tp_name);
     return false;
   }
   const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
-  // References to the lists themselves: an entry's __index__ may change
-  // the outer list while a later list waits to be read.
+  // References to the entries themselves: an entry's __index__ may change
+  // the outer list while a later entry waits to be read.
   std::vector<pybind11::object> held;
   held.reserve(m);
   for (Py_ssize_t i = 0; i < m; ++i) {
-    PyObject* seq = PySequence_Fast_GET_ITEM(seqs, i);
-    if (!IsListOrTuple(seq)) {
-      PyErr_Format(PyExc_TypeError, "%s[%zd] must be a list or tuple of ints, got %s", what, i, Py_TYPE(seq)->tp_name);
-      return false;
-    }
-    held.push_back(pybind11::reinterpret_borrow<pybind11::object>(seq));
+    held.push_back(pybind11::reinterpret_borrow<pybind11::object>(PySequence_Fast_GET_ITEM(seqs, i)));
   }
-  out->clear();
-  out->reserve(m);
   for (Py_ssize_t i = 0; i < m; ++i) {
     const std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-    out->emplace_back();
-    if (!ReadInt64Tensor(held[i].ptr(), name.c_str(), &out->back())) return false;
+    if (!read(i, held[i].ptr(), name.c_str())) return false;
   }
   return true;
+}
+
+bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out) {
+  out->clear();
+  return ReadEach(seqs, what, [&](Py_ssize_t, PyObject* entry, const char* name) {
+    out->emplace_back();
+    return ReadInt64Tensor(entry, name, &out->back());
+  });
 }
 
 PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <Python.h>
 
+#include <functional>
 #include <vector>
 
 namespace mori_torch {
@@ -30,6 +31,12 @@ bool ReadInt64(PyObject* v, const char* what, int64_t* out);
 bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out);
 // One list or tuple of ints into a pooled int64 tensor (int64_buffers.h).
 bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out);
+// Calls read(i, entry, "what[i]") for every entry of the list or tuple
+// `seqs`, in order, holding a reference to every entry first (an entry's
+// __index__ may change the outer list while a later entry waits); stops at
+// the first false.
+bool ReadEach(PyObject* seqs, const char* what,
+              const std::function<bool(Py_ssize_t i, PyObject* entry, const char* name)>& read);
 // Every list or tuple of ints in the list or tuple `seqs` into a pooled
 // int64 tensor of its own, in order.
 bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out);

@@ -311,6 +311,43 @@ def test_engine_batch_from_lists_goes_native_in_one_call(p):
         assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
 
 
+def test_engine_batch_of_tensors_and_mixed_forms_goes_native_too(p, monkeypatch):
+    """Tensors (and lists beside them) reach the same native call as they
+    are; numpy arrays become tensors first. Bad tensors are named by pair."""
+    from mori_torch import _C, io
+
+    seen = []
+    real = _C.engine_batch
+
+    def spy(*a):
+        seen.append([[type(x).__name__ for x in a[i]] for i in (3, 5, 6)])
+        return real(*a)
+
+    monkeypatch.setattr(_C, "engine_batch", spy)
+    src = pattern(N * SEG, seed=31)
+    p.local.copy_(src)
+    lo, ro, sizes = _layout(seed=13)
+    half = N // 2
+    ld, rd = p.local_desc, p.remote_desc
+    sts = p.init.batch_write([ld, ld], [torch.tensor(lo[:half]), lo[half:]], [rd, rd],
+                             (np.asarray(ro[:half]), torch.tensor(ro[half:])), [sizes[:half], tuple(sizes[half:])],
+                             [1, 2])
+    for st in sts:
+        wait_ok(st)
+    for l_off, r_off in zip(lo, ro):
+        assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
+    assert seen == [[["Tensor", "list"], ["Tensor", "Tensor"], ["list", "tuple"]]]
+    with pytest.raises(TypeError, match=r"local_offsets\[1\]: expected an int64 tensor, got Int"):
+        p.init.batch_read([ld, ld], [[0], torch.tensor([0], dtype=torch.int32)], [rd, rd], [[0], [0]],
+                          [[SEG], [SEG]], [3, 4])
+    with pytest.raises(ValueError, match=r"sizes\[0\]: expected a 1-D tensor, got 0 dimensions"):
+        p.init.batch_read([ld], [[0]], [rd], [[0]], [torch.tensor(SEG)], [5])
+    with pytest.raises(TypeError, match=r"remote_offsets\[0\] must be a list, tuple or 1-D int64 tensor, got dict"):
+        _C.engine_batch(p.init._e, True, [ld._d], [[0]], [rd._d], [{}], [[SEG]], [6])
+    assert io._native_each([[0], torch.zeros(1, dtype=torch.int64), (1,)])
+    assert not io._native_each([[0], np.zeros(1)])
+
+
 def test_engine_batch_from_lists_refuses_bad_input_clearly(p):
     from mori_torch import _C
 
