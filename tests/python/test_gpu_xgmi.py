@@ -397,10 +397,10 @@ def _pair_layouts(region, seg, seed):
 def test_engine_batch_of_pairs(op, cfg, npairs):
     """The engine-level multi-pair batch (SGLang's): pairs to two remote
     engines, pages and a large segment mixed, local memories on every GPU
-    (the pairs on one GPU that the kernel takes share one segment list, as
-    offsets with a table of bases for up to 16 of them, rewritten into
-    addresses beyond that or when a segment must be cut; the others go
-    alone). Every pair's bytes land; a pair with a bad offset or a
+    (the pairs of small segments on one GPU share one Enqueue: with the
+    kernel, one segment list, as offsets with a table of bases for up to 16
+    of them, rewritten into addresses beyond that or when a segment must be
+    cut; pairs of large segments go alone). Every pair's bytes land; a pair with a bad offset or a
     deregistered remote memory fails alone."""
     a, b, c = xgmi_engine("gba", **cfg), xgmi_engine("gbb", **cfg), xgmi_engine("gbc", **cfg)
     for e in (b, c):
@@ -449,6 +449,45 @@ def test_engine_batch_of_pairs(op, cfg, npairs):
         assert torch.equal(dst, expect)
     assert int(bad_local.count_nonzero()) == 0
     for e in (a, b, c):
+        e.shutdown()
+
+
+@pytest.mark.parametrize("cfg", [{}, COPY_ENGINES_ALWAYS], ids=["default", "copy-engines"])
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_engine_batch_of_one_page_pairs(op, cfg):
+    """Pairs of one page each (fewer segments than kernel_min_segments
+    apiece) share one Enqueue: together enough for the kernel by default, a
+    lane of copies with one completion otherwise. Every page lands where
+    its own pair says, and a pair whose page is out of range fails alone."""
+    a, b = xgmi_engine("opa", **cfg), xgmi_engine("opb", **cfg)
+    a.register_remote_engine(b.get_engine_desc())
+    seg, npairs = 4096, 12
+    locals_ = [torch.zeros(8 * seg, dtype=torch.uint8, device="cuda:0") for _ in range(npairs)]
+    remotes = [torch.zeros(8 * seg, dtype=torch.uint8, device="cuda:0") for _ in range(npairs)]
+    for k, t in enumerate(locals_ if op == "write" else remotes):
+        t.copy_(rand_bytes(8 * seg, "cuda:0", 300 + k))
+    lds = [a.register_torch_tensor(t) for t in locals_]
+    rds = [MemoryDesc.unpack(b.register_torch_tensor(t).pack()) for t in remotes]
+    los = [[(k % 8) * seg] for k in range(npairs)]
+    ros = [[((k * 3) % 8) * seg] for k in range(npairs)]
+    ros[5] = [8 * seg - seg // 2]  # past the end of its remote memory
+    statuses = getattr(a, f"batch_{op}")(lds, los, rds, ros, [[seg]] * npairs,
+                                         [a.allocate_transfer_uid() for _ in range(npairs)])
+    for k, st in enumerate(statuses):
+        if k == 5:
+            assert st.WaitFor(10000) == StatusCode.ERR_INVALID_ARGS, st.Message()
+        else:
+            wait_ok(st)
+    torch.cuda.synchronize()
+    for k in range(npairs):
+        lo, ro = los[k][0], ros[k][0]
+        if k == 5:
+            assert int((locals_[k] if op == "read" else remotes[k]).count_nonzero()) == 0
+        elif op == "read":
+            assert torch.equal(locals_[k][lo:lo + seg], remotes[k][ro:ro + seg])
+        else:
+            assert torch.equal(remotes[k][ro:ro + seg], locals_[k][lo:lo + seg])
+    for e in (a, b):
         e.shutdown()
 
 

@@ -359,15 +359,18 @@ void XgmiBackend::SubmitGroup(std::vector<PeerOp> ops) {
   for (std::vector<Located>& group : by_device) RunOnDevice(std::move(group));
 }
 
+bool XgmiBackend::SmallSegments(size_t segments, uint64_t total) const {
+  return segments > 0 && total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+}
+
 bool XgmiBackend::KernelSuits(size_t segments, uint64_t total) const {
-  return segments > 0 && segments >= static_cast<size_t>(cfg_.kernel_min_segments) &&
-         total / segments < static_cast<uint64_t>(cfg_.kernel_max_avg_bytes);
+  return segments >= static_cast<size_t>(cfg_.kernel_min_segments) && SmallSegments(segments, total);
 }
 
 void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
-  gpu::RelaxedCaptureScope relaxed;    // lane setup allocates: never break a capture elsewhere
-  std::vector<Prepared> kernel_batch;  // the transfers that share one kernel
-  size_t handed = 0;                   // ops[0, handed) belong to an Enqueue now
+  gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
+  std::vector<Prepared> shared;      // the transfers of small segments: one Enqueue
+  size_t handed = 0;                 // ops[0, handed) belong to an Enqueue now
   try {
     for (; handed < ops.size(); ++handed) {
       TransferOp& op = ops[handed].op;
@@ -384,21 +387,23 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
                  {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read,
                   op.segs->max_bytes},
                  op.segs->total_bytes};
-      // The kernel takes the transfers it would take one by one, together;
-      // the others (few or large segments: the copy engines) each go alone.
-      if (ops.size() > 1 && KernelSuits(segs.size(), op.segs->total_bytes)) {
-        kernel_batch.push_back(std::move(p));
+      // Transfers of small segments (the kernel's kind) go together: one
+      // Enqueue picks the kernel or the copy engines for all of them, with
+      // one completion (eight one-page pairs are one launch, not eight
+      // copies and events). Large segments each go alone to the copy engines.
+      if (ops.size() > 1 && SmallSegments(segs.size(), op.segs->total_bytes)) {
+        shared.push_back(std::move(p));
       } else {
         std::vector<Prepared> alone;
         alone.push_back(std::move(p));
         Enqueue(op.local->desc.device_id, std::move(alone));
       }
     }
-    if (!kernel_batch.empty()) Enqueue(ops.front().op.local->desc.device_id, std::move(kernel_batch));
+    if (!shared.empty()) Enqueue(ops.front().op.local->desc.device_id, std::move(shared));
   } catch (const std::exception& e) {
     // Before Enqueue (which ends its own transfers on any failure): memory.
     // Every transfer not handed to an Enqueue yet ends here.
-    for (Prepared& p : kernel_batch) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
+    for (Prepared& p : shared) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
     for (size_t i = handed; i < ops.size(); ++i) {
       ops[i].op.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
     }

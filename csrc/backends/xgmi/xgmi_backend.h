@@ -149,7 +149,7 @@ class XgmiBackend : public Backend {
   bool CanServe(const MemoryDesc& local, const MemoryDesc& remote, const EngineDesc& remote_engine) const override;
   std::shared_ptr<BackendPeer> Peer(const EngineDesc& remote) override;
   // The pairs of an engine-level batch: those whose local memory is on one
-  // GPU run as one segment list (one kernel, one completion event).
+  // GPU run together (RunOnDevice).
   void SubmitGroup(std::vector<PeerOp> ops) override;
   void RemovePeer(const std::string& key, const std::string& reason) override;
   // Owner `owner_key` deregistered `ids` (MemoryOwnership's revoker): later
@@ -167,9 +167,10 @@ class XgmiBackend : public Backend {
     TransferOp op;
     uint64_t remote_base = 0;
   };
-  // Runs transfers whose local memory is on one GPU: those the copy kernel
-  // would take one by one share one kernel (one segment list, one
-  // completion); the others go alone, as Run does. Every status ends.
+  // Runs transfers whose local memory is on one GPU: those of small
+  // segments share one Enqueue (one kernel or one lane of copies, one
+  // completion); those of large segments go alone, as Run does. Every
+  // status ends.
   void RunOnDevice(std::vector<Located> ops);
   // Largest piece one thread group of the copy kernel takes: segments are
   // cut so that a batch of few large segments still fills the device.
@@ -198,6 +199,8 @@ class XgmiBackend : public Backend {
     CopySource source;
     uint64_t bytes;
   };
+  // Segments that average fewer bytes than kernel_max_avg_bytes.
+  bool SmallSegments(size_t segments, uint64_t total) const;
   // The kernel (rather than the copy engines) for this many segments and bytes.
   bool KernelSuits(size_t segments, uint64_t total) const;
   // Enqueues `batch` on one lane of GPU `dev` (kernel or copy engines, chosen
