@@ -761,11 +761,11 @@ class IOEngine:
         # One native call, without TorchScript's conversion of every argument
         # and result: it reads lists itself and takes tensors in place; other
         # entries (numpy arrays, ranges) become tensors first.
+        if type(self._e) is _ShutDownEngine:
+            self._e.refuse("batch_read/batch_write")
         lo = _native_form("local_offsets", local_offsets, _native_each, _int64s_each)
         ro = _native_form("remote_offsets", remote_offsets, _native_each, _int64s_each)
         sz = _native_form("sizes", sizes, _native_each, _int64s_each)
-        if type(self._e) is _ShutDownEngine:
-            self._e.refuse("batch_read/batch_write")
         natives = _C.engine_batch(self._e, is_read, locals_, lo, remotes, ro, sz,
                                   uids if type(uids) is list else list(uids))
         return _wrap_all(natives)

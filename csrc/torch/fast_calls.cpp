@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/api/object.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <initializer_list>
 #include <new>
 #include <string>
 #include <vector>
@@ -84,9 +85,10 @@ PyObject* StatusList(const std::vector<StatusPtr>& statuses) {
 }
 
 // The frame of the METH_FASTCALL functions: nothing C++ may cross the C
-// boundary, so what `body` throws becomes the Python error the TorchScript
-// method would have raised (TypeError, ValueError, MemoryError, else
-// RuntimeError naming the call).
+// boundary, so what `body` throws becomes the Python error torch would
+// raise for it (TypeError, ValueError, IndexError, NotImplementedError,
+// MemoryError, pybind11's builtin errors as theirs, else RuntimeError
+// naming the call).
 template <class F>
 PyObject* Frame(const char* call, F&& body) {
   try {
@@ -102,11 +104,23 @@ PyObject* Frame(const char* call, F&& body) {
   } catch (const c10::ValueError& e) {
     PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     return nullptr;
+  } catch (const c10::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    return nullptr;
+  } catch (const c10::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    return nullptr;
   } catch (const c10::Error& e) {
     PyErr_Format(PyExc_RuntimeError, "%s: %s", call, e.what_without_backtrace());
     return nullptr;
+  } catch (const pybind11::builtin_exception& e) {
+    e.set_error();
+    return nullptr;
   } catch (const std::exception& e) {
     PyErr_Format(PyExc_RuntimeError, "%s: %s", call, e.what());
+    return nullptr;
+  } catch (...) {
+    PyErr_Format(PyExc_RuntimeError, "%s: an unknown C++ exception", call);
     return nullptr;
   }
 }
@@ -120,10 +134,13 @@ SessionRef SessionOf(PyObject* obj, const char* call) {
 }
 
 // One of session_batch's offset or size arguments: a list or tuple of ints
-// (read into a pooled tensor) or a 1-D int64 tensor (read in place).
+// (read into a pooled tensor) or a 1-D int64 tensor (checked here, used in
+// place; HostValues later brings a device or strided one to the host).
 bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
   if (THPVariable_Check(v)) {
-    *out = ToHostInt64(THPVariable_Unpack(v), what);
+    const at::Tensor& t = THPVariable_Unpack(v);
+    CheckInt64Vector(t, what);
+    out->host = t;
     return true;
   }
   if (!PyList_Check(v) && !PyTuple_Check(v)) {
@@ -131,6 +148,12 @@ bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
     return false;
   }
   return ReadInt64Tensor(v, what, &out->host);
+}
+
+// Tensors from Int64Values, contiguous on the host; without the GIL: a
+// device tensor's copy waits for the work queued before it.
+void HostValues(std::initializer_list<HostInt64*> values) {
+  for (HostInt64* v : values) *v = OnHost(v->host);
 }
 
 // Every entry of the list or tuple `seqs` (one per memory pair of an
@@ -208,6 +231,7 @@ PyObject* SessionBatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     return SubmitWithoutGil([&] {
+      HostValues({&lo, &ro, &sizes});
       const auto u = static_cast<TransferUid>(uid);
       return is_read ? session->s->BatchRead(lo.span(), ro.span(), sizes.span(), u)
                      : session->s->BatchWrite(lo.span(), ro.span(), sizes.span(), u);
@@ -294,6 +318,9 @@ PyObject* EngineBatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       // As TorchScript's method call does: other Python threads run while
       // the pairs are checked, routed and submitted.
       pybind11::gil_scoped_release no_gil;
+      for (std::vector<HostInt64>* each : {&lo, &ro, &sizes}) {
+        for (HostInt64& v : *each) v = OnHost(v.host);
+      }
       statuses =
           engine->e->BatchTransfer(is_read != 0, locals, SpansOf(lo), remotes, SpansOf(ro), SpansOf(sizes), uids);
     }

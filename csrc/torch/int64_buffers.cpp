@@ -101,11 +101,17 @@ at::Tensor PooledInt64Tensor(int64_t n) {
   return t;
 }
 
-HostInt64 ToHostInt64(const at::Tensor& t, const char* name) {
+void CheckInt64Vector(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected an int64 tensor, got ",
                    c10::toString(t.scalar_type()));
   TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected a 1-D tensor, got ", std::to_string(t.dim()), " dimensions");
-  return {t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous()};
+}
+
+HostInt64 OnHost(const at::Tensor& t) { return {t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous()}; }
+
+HostInt64 ToHostInt64(const at::Tensor& t, const char* name) {
+  CheckInt64Vector(t, name);
+  return OnHost(t);
 }
 
 }  // namespace bind

@@ -28,8 +28,13 @@ struct HostInt64 {
   at::Tensor host;  // keeps the values alive while the span is used
   Int64Span span() const { return {host.data_ptr<int64_t>(), static_cast<size_t>(host.numel())}; }
 };
-// `t` as a 1-D int64 host tensor; c10::TypeError (another dtype) or
-// c10::ValueError (not 1-D) naming `name`.
+// c10::TypeError (not int64) or c10::ValueError (not 1-D) naming `name`.
+void CheckInt64Vector(const at::Tensor& t, const char* name);
+// A checked tensor's values, contiguous on the host: a device tensor is
+// copied (which waits for the work queued before it: callers release the
+// GIL around this).
+HostInt64 OnHost(const at::Tensor& t);
+// Both, for the TorchScript methods (which run without the GIL).
 HostInt64 ToHostInt64(const at::Tensor& t, const char* name);
 
 }  // namespace bind

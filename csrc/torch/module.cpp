@@ -114,7 +114,8 @@ PyMethodDef kMethods[] = {
     {"engine_batch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::EngineBatch)),
      METH_FASTCALL,
      "engine_batch(engine, is_read, local_descs, local_offsets, remote_descs, remote_offsets, sizes, uids) -> "
-     "the statuses of an engine-level batch whose offsets and sizes are lists of lists of ints."},
+     "the statuses of an engine-level batch; each pair's offsets and sizes a list or tuple of ints or a 1-D int64 "
+     "tensor."},
     {"session_transfer", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mori_torch::bind::SessionTransfer)),
      METH_FASTCALL,
      "session_transfer(session, is_read, local_offset, remote_offset, size, uid) -> a session's read or write."},

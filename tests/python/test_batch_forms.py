@@ -470,6 +470,29 @@ def test_session_batch_mixes_forms_without_converting_lists(p, monkeypatch):
         assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
 
 
+def test_strided_tensors_are_read_in_order(p):
+    """A strided int64 view (a column of a table, every other entry) is
+    copied to a contiguous host tensor (without the GIL) and read in order,
+    in session and engine-level batches alike."""
+    lo, ro, sizes = _layout(seed=17)
+    src = pattern(N * SEG, seed=24)
+    p.local.copy_(src)
+    sess = p.init.create_session(p.local_desc, p.remote_desc)
+
+    def strided(v):
+        t = torch.tensor(v, dtype=torch.int64).repeat_interleave(2)[::2]
+        assert not t.is_contiguous()
+        return t
+
+    half = N // 2
+    wait_ok(sess.batch_write(strided(lo[:half]), strided(ro[:half]), strided(sizes[:half]), 7))
+    for st in p.init.batch_write([p.local_desc], [strided(lo[half:])], [p.remote_desc], [strided(ro[half:])],
+                                 [strided(sizes[half:])], [8]):
+        wait_ok(st)
+    for l_off, r_off in zip(lo, ro):
+        assert torch.equal(p.remote[r_off:r_off + SEG], src[l_off:l_off + SEG])
+
+
 def test_session_batch_bad_arguments_are_named(p):
     from mori_torch import _C
 

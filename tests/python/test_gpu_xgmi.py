@@ -456,9 +456,11 @@ def test_engine_batch_of_pairs(op, cfg, npairs):
 @pytest.mark.parametrize("op", ["read", "write"])
 def test_engine_batch_of_one_page_pairs(op, cfg):
     """Pairs of one page each (fewer segments than kernel_min_segments
-    apiece) share one Enqueue: together enough for the kernel by default, a
-    lane of copies with one completion otherwise. Every page lands where
-    its own pair says, and a pair whose page is out of range fails alone."""
+    apiece): together enough for the kernel by default, so they share one
+    launch and one completion; with the copy engines forced, each goes on
+    its own. Every page lands where its own pair says, whichever way they
+    went (the grouping itself is not visible from here), and a pair whose
+    page is out of range fails alone (refused before submission)."""
     a, b = xgmi_engine("opa", **cfg), xgmi_engine("opb", **cfg)
     a.register_remote_engine(b.get_engine_desc())
     seg, npairs = 4096, 12

@@ -369,8 +369,10 @@ bool XgmiBackend::KernelSuits(size_t segments, uint64_t total) const {
 
 void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
   gpu::RelaxedCaptureScope relaxed;  // lane setup allocates: never break a capture elsewhere
-  std::vector<Prepared> shared;      // the transfers of small segments: one Enqueue
-  size_t handed = 0;                 // ops[0, handed) belong to an Enqueue now
+  std::vector<Prepared> shared;      // the transfers of small segments
+  size_t shared_segments = 0;
+  uint64_t shared_bytes = 0;
+  size_t handed = 0;  // ops[0, handed) belong to an Enqueue now
   try {
     for (; handed < ops.size(); ++handed) {
       TransferOp& op = ops[handed].op;
@@ -387,11 +389,13 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
                  {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read,
                   op.segs->max_bytes},
                  op.segs->total_bytes};
-      // Transfers of small segments (the kernel's kind) go together: one
-      // Enqueue picks the kernel or the copy engines for all of them, with
-      // one completion (eight one-page pairs are one launch, not eight
-      // copies and events). Large segments each go alone to the copy engines.
+      // Transfers of small segments (the kernel's kind) are gathered: if
+      // together they are enough for the kernel, they share one launch and
+      // one completion (eight one-page pairs: one launch, not eight copies
+      // and events). Large segments each go alone to the copy engines.
       if (ops.size() > 1 && SmallSegments(segs.size(), op.segs->total_bytes)) {
+        shared_segments += segs.size();
+        shared_bytes += op.segs->total_bytes;
         shared.push_back(std::move(p));
       } else {
         std::vector<Prepared> alone;
@@ -399,11 +403,24 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
         Enqueue(op.local->desc.device_id, std::move(alone));
       }
     }
-    if (!shared.empty()) Enqueue(ops.front().op.local->desc.device_id, std::move(shared));
+    const int dev = ops.front().op.local->desc.device_id;
+    if (KernelSuits(shared_segments, shared_bytes)) {
+      Enqueue(dev, std::move(shared));
+    } else {
+      // Too few for the kernel: each on its own lane and completion, so that
+      // one transfer's failure to enqueue fails only that transfer.
+      for (; !shared.empty(); shared.erase(shared.begin())) {
+        std::vector<Prepared> alone;
+        alone.push_back(std::move(shared.front()));
+        Enqueue(dev, std::move(alone));
+      }
+    }
   } catch (const std::exception& e) {
     // Before Enqueue (which ends its own transfers on any failure): memory.
     // Every transfer not handed to an Enqueue yet ends here.
-    for (Prepared& p : shared) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
+    for (Prepared& p : shared) {
+      if (p.status) p.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());  // else handed on
+    }
     for (size_t i = handed; i < ops.size(); ++i) {
       ops[i].op.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
     }
