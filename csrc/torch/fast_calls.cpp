@@ -135,7 +135,8 @@ SessionRef SessionOf(PyObject* obj, const char* call) {
 
 // One of session_batch's offset or size arguments: a list or tuple of ints
 // (read into a pooled tensor) or a 1-D int64 tensor (checked here, used in
-// place; HostValues later brings a device or strided one to the host).
+// place; OnHost later brings a device or strided one to the host, without
+// the GIL: a device tensor's copy waits for the work queued before it).
 bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
   if (THPVariable_Check(v)) {
     const at::Tensor& t = THPVariable_Unpack(v);
@@ -148,12 +149,6 @@ bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
     return false;
   }
   return ReadInt64Tensor(v, what, &out->host);
-}
-
-// Tensors from Int64Values, contiguous on the host; without the GIL: a
-// device tensor's copy waits for the work queued before it.
-void HostValues(std::initializer_list<HostInt64*> values) {
-  for (HostInt64* v : values) *v = OnHost(v->host);
 }
 
 // Every entry of the list or tuple `seqs` (one per memory pair of an
@@ -231,7 +226,7 @@ PyObject* SessionBatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     return SubmitWithoutGil([&] {
-      HostValues({&lo, &ro, &sizes});
+      for (HostInt64* v : {&lo, &ro, &sizes}) *v = OnHost(v->host);
       const auto u = static_cast<TransferUid>(uid);
       return is_read ? session->s->BatchRead(lo.span(), ro.span(), sizes.span(), u)
                      : session->s->BatchWrite(lo.span(), ro.span(), sizes.span(), u);

@@ -101,8 +101,13 @@ inline bool FourSmallInts(PyObject* const* items, int64_t* out) {
   return true;
 }
 
+// Errors name entry what[i] of a list, or the lone argument `what` (i < 0).
 void NotAnInt(const char* what, Py_ssize_t i, PyObject* item) {
-  PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", what, i, Py_TYPE(item)->tp_name);
+  if (i < 0) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", what, Py_TYPE(item)->tp_name);
+  } else {
+    PyErr_Format(PyExc_TypeError, "%s[%zd] must be an int, got %s", what, i, Py_TYPE(item)->tp_name);
+  }
 }
 
 // Any int object's value, raising OverflowError beyond int64.
@@ -111,12 +116,31 @@ bool IntToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) {
   int overflow = 0;
   const long v = PyLong_AsLongAndOverflow(item, &overflow);
   if (overflow != 0) {
-    PyErr_Format(PyExc_OverflowError, "%s[%zd] does not fit in int64", what, i);
+    if (i < 0) {
+      PyErr_Format(PyExc_OverflowError, "%s does not fit in int64", what);
+    } else {
+      PyErr_Format(PyExc_OverflowError, "%s[%zd] does not fit in int64", what, i);
+    }
     return false;
   }
   if (v == -1 && PyErr_Occurred()) return false;
   *out = v;
   return true;
+}
+
+// The value of an int or of anything with __index__ (numpy ints), not a
+// float; __index__ may run Python code, which may even change a list.
+bool IndexToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) {
+  if (PyLong_CheckExact(item)) return IntToInt64(item, what, i, out);
+  if (!PyIndex_Check(item) || PyFloat_Check(item)) {
+    NotAnInt(what, i, item);
+    return false;
+  }
+  PyObject* idx = PyNumber_Index(item);
+  if (idx == nullptr) return false;
+  const bool ok = IntToInt64(idx, what, i, out);
+  Py_DECREF(idx);
+  return ok;
 }
 
 // All n entries of `seq` into out: small exact ints in a tight loop, the
@@ -146,26 +170,22 @@ bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
     inline_read = i == stop;
   }
   for (; i < n; ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
-    if (PyLong_CheckExact(item)) {
-      if (!IntToInt64(item, what, i, &out[i])) return false;
-      continue;
-    }
-    if (!PyIndex_Check(item) || PyFloat_Check(item)) {
-      NotAnInt(what, i, item);
-      return false;
-    }
-    // __index__ may run Python code, which may even shrink the list.
-    PyObject* idx = PyNumber_Index(item);
-    if (idx == nullptr) return false;
-    const bool ok = IntToInt64(idx, what, i, &out[i]);
-    Py_DECREF(idx);
-    if (!ok || resized()) return false;
+    if (!IndexToInt64(PySequence_Fast_GET_ITEM(seq, i), what, i, &out[i]) || resized()) return false;
   }
   return true;
 }
 
 bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
+
+// The length of the list or tuple of ints `seq`; -1 with a TypeError for
+// anything else.
+Py_ssize_t IntListLength(PyObject* seq, const char* what) {
+  if (!IsListOrTuple(seq)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
+    return -1;
+  }
+  return PySequence_Fast_GET_SIZE(seq);
+}
 
 // The frame of both functions: checks their arguments (sequence, what: str)
 // and runs `body(sequence, what)`. Nothing C++ may cross the C boundary, so
@@ -203,42 +223,18 @@ PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs
                   });
 }
 
-bool ReadInt64(PyObject* v, const char* what, int64_t* out) {
-  if (SmallExactInt(v, out)) return true;
-  if (!PyIndex_Check(v) || PyFloat_Check(v)) {
-    PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", what, Py_TYPE(v)->tp_name);
-    return false;
-  }
-  PyObject* idx = PyNumber_Index(v);
-  if (idx == nullptr) return false;
-  int overflow = 0;
-  const long x = PyLong_AsLongAndOverflow(idx, &overflow);
-  Py_DECREF(idx);
-  if (overflow != 0) {
-    PyErr_Format(PyExc_OverflowError, "%s does not fit in int64", what);
-    return false;
-  }
-  if (x == -1 && PyErr_Occurred()) return false;
-  *out = x;
-  return true;
-}
+bool ReadInt64(PyObject* v, const char* what, int64_t* out) { return IndexToInt64(v, what, -1, out); }
 
 bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out) {
-  if (!IsListOrTuple(seq)) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
-    return false;
-  }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  const Py_ssize_t n = IntListLength(seq, what);
+  if (n < 0) return false;
   *out = PooledInt64Tensor(static_cast<int64_t>(n));
   return ReadAll(seq, n, out->data_ptr<int64_t>(), what);
 }
 
 bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out) {
-  if (!IsListOrTuple(seq)) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple of ints, got %s", what, Py_TYPE(seq)->tp_name);
-    return false;
-  }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  const Py_ssize_t n = IntListLength(seq, what);
+  if (n < 0) return false;
   out->resize(static_cast<size_t>(n));
   return ReadAll(seq, n, out->data(), what);
 }

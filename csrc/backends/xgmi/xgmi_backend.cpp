@@ -398,9 +398,7 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
         shared_bytes += op.segs->total_bytes;
         shared.push_back(std::move(p));
       } else {
-        std::vector<Prepared> alone;
-        alone.push_back(std::move(p));
-        Enqueue(op.local->desc.device_id, std::move(alone));
+        EnqueueAlone(op.local->desc.device_id, p);
       }
     }
     const int dev = ops.front().op.local->desc.device_id;
@@ -409,11 +407,7 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
     } else {
       // Too few for the kernel: each on its own lane and completion, so that
       // one transfer's failure to enqueue fails only that transfer.
-      for (; !shared.empty(); shared.erase(shared.begin())) {
-        std::vector<Prepared> alone;
-        alone.push_back(std::move(shared.front()));
-        Enqueue(dev, std::move(alone));
-      }
+      for (; !shared.empty(); shared.erase(shared.begin())) EnqueueAlone(dev, shared.front());
     }
   } catch (const std::exception& e) {
     // Before Enqueue (which ends its own transfers on any failure): memory.
@@ -425,6 +419,12 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
       ops[i].op.status->Update(StatusCode::ERR_GPU_OP, std::string("XGMI: ") + e.what());
     }
   }
+}
+
+void XgmiBackend::EnqueueAlone(int dev, Prepared& p) {
+  std::vector<Prepared> alone;
+  alone.push_back(std::move(p));
+  Enqueue(dev, std::move(alone));
 }
 
 void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {

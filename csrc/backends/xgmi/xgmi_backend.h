@@ -207,6 +207,9 @@ class XgmiBackend : public Backend {
   // for the whole) and tracks its completion; on any failure ends every
   // status of the batch, after the copies already enqueued ran.
   void Enqueue(int dev, std::vector<Prepared> batch);
+  // A batch of one; `p` is taken only once the batch exists (until then a
+  // failure leaves it to the caller, who ends its status).
+  void EnqueueAlone(int dev, Prepared& p);
   // Enqueues the copy kernel(s) for the sources' `segments` segments
   // (`total` bytes, none empty) on `lane`.
   void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
