@@ -138,8 +138,8 @@ class IOEngineConfig:
 @dataclasses.dataclass
 class RdmaBackendConfig:
     """Settings of the RDMA backend: MORI-IO's fields and defaults, plus the
-    mori_torch extensions gid_index, sq_depth, sq_full_timeout_ms and
-    connect_timeout_ms (README "Backends")."""
+    mori_torch extensions gid_index, sq_depth, sq_full_timeout_ms,
+    connect_timeout_ms and inactivity_timeout_ms (README "Backends")."""
 
     qp_per_transfer: int = 1
     post_batch_size: int = -1
@@ -156,6 +156,9 @@ class RdmaBackendConfig:
     sq_depth: int = 512  # send work requests per QP
     sq_full_timeout_ms: int = 10000  # a transfer waits this long for send-queue room, then fails "SQ full"
     connect_timeout_ms: int = 5000
+    # a QP with work in flight that completes nothing this long drops its
+    # connection: the transfers retry over a fresh one (failover on) or fail
+    inactivity_timeout_ms: int = 30000
 
 
 @dataclasses.dataclass

@@ -174,6 +174,9 @@ const std::vector<Entry>& Rows() {
       Int(Rdma, "sq_depth", 512, 2, 1 << 16, "Send work requests per QP (clamped to the device's max_qp_wr)."),
       Int(Rdma, "sq_full_timeout_ms", 10000, 0, kTiB, "How long a chain waits for send-queue room, then fails."),
       Int(Rdma, "connect_timeout_ms", 5000, 1, 1 << 30, "Bound on setting up a peer's connection."),
+      Int(Rdma, "inactivity_timeout_ms", 30000, 1, kTiB,
+          "A connection whose QP has work in flight and completes none of it for this long is dropped: its "
+          "transfers are retried over a fresh one (failover on) or fail."),
 
       // XgmiBackendConfig.
       Int(Xgmi, "num_streams", 64, 1, 1024, "Copy streams in the pool."),

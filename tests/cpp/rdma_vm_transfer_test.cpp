@@ -125,10 +125,12 @@ class RdmaTransferTest : public ::testing::Test {
     peer_ = nullptr;
   }
 
-  // A fresh initiator engine with `cfg` and a local buffer registered.
-  void Start(const BackendConfig& cfg, uint64_t local_bytes = kPeerBuf) {
+  // A fresh initiator engine with `cfg` and a local buffer registered;
+  // `failover` false: a broken path fails its transfers (no retry).
+  void Start(const BackendConfig& cfg, uint64_t local_bytes = kPeerBuf, bool failover = true) {
     EngineConfig ec;
     ec.host = rdma_test::TestHost();
+    ec.retry.enabled = ec.failover.enabled = failover;
     engine_ = std::make_unique<Engine>("rdma-init-" + std::to_string(++generation_), ec);
     engine_->CreateBackend(BackendType::RDMA, cfg);
     engine_->RegisterRemoteEngine(peer_->engine());
@@ -140,6 +142,37 @@ class RdmaTransferTest : public ::testing::Test {
     if (engine_) engine_->Shutdown();
     engine_.reset();
     local_buf_.reset();
+  }
+  // 4 KiB writes from a slot of the local buffer to the same slot of `to`'s,
+  // with their uids and statuses in order; a call returns its index.
+  struct SlotWrites {
+    Engine* engine;
+    MemoryDesc local;
+    PeerProcess* to;
+    std::vector<TransferUid> uids;
+    std::vector<StatusPtr> st;
+    size_t operator()(int slot) {
+      uids.push_back(engine->AllocateTransferUid());
+      st.push_back(engine->Write(local, slot * 4096, to->memory(), slot * 4096, 4096, uids.back()));
+      return st.size() - 1;
+    }
+  };
+  SlotWrites WritesTo(PeerProcess* to) { return {engine_.get(), local_, to, {}, {}}; }
+  // Writes 0 and 1 of `write` (to `to`, whose QP has one notice buffer):
+  // the first connects and is announced (the buffer is posted again), the
+  // second, after `to` is stopped, takes the buffer and completes. From
+  // then on a notice on that QP finds no buffer and is retried without
+  // limit (receiver not ready) until `to` runs again: nothing behind it
+  // completes.
+  ::testing::AssertionResult StopWithNoticeBufferUsedUp(SlotWrites& write, PeerProcess& to) {
+    write(0);
+    auto r = Ends(write.st[0], StatusCode::SUCCESS);
+    if (!r) return r << " (write 0)";
+    if (!Noticed(write.uids[0], true, &to)) return ::testing::AssertionFailure() << "write 0 was not announced";
+    to.Stop();
+    write(1);
+    r = Ends(write.st[1], StatusCode::SUCCESS);
+    return r ? r : r << " (write 1, the target stopped)";
   }
   const std::string& key() const { return engine_->Desc().key; }
   uint8_t* L() { return local_buf_->p; }
@@ -541,20 +574,11 @@ TEST_F(RdmaTransferTest, SendQueueFullFailsOnlyThatTransferAfterTheBound) {
   auto sess = engine_->CreateSession(local_, stall.memory());
   ASSERT_TRUE(sess);
   FillPattern(L(), 0, 1 << 20, 141);
-  std::vector<TransferUid> uids;
-  std::vector<StatusPtr> st;
-  auto write = [&](int slot) {
-    uids.push_back(engine_->AllocateTransferUid());
-    st.push_back(engine_->Write(local_, slot * 4096, stall.memory(), slot * 4096, 4096, uids.back()));
-  };
-  write(0);  // connects; its notice popped: the QP's one buffer is posted
-  ASSERT_TRUE(Ends(st[0], StatusCode::SUCCESS));
-  ASSERT_TRUE(Noticed(uids[0], true, &stall));
+  SlotWrites write = WritesTo(&stall);
+  auto& uids = write.uids;
+  auto& st = write.st;
+  ASSERT_TRUE(StopWithNoticeBufferUsedUp(write, stall));
   ASSERT_EQ(RdmaPeerOf(*sess)->ConnectedSqDepth(), 8u);
-
-  stall.Stop();
-  write(1);  // takes the buffer: completes although the target is stopped
-  ASSERT_TRUE(Ends(st[1], StatusCode::SUCCESS));
   for (int i = 2; i <= 5; ++i) write(i);  // 4 x 2 slots: the queue is full, nothing completes
   const auto t0 = std::chrono::steady_clock::now();
   write(6);  // returns once it gave up waiting for room
@@ -595,14 +619,10 @@ TEST_F(RdmaTransferTest, SendQueueFullOnOneQpOfAStripedTransferAnnouncesNoPart) 
   Start({{"sq_depth", 8}, {"notif_per_qp", 1}, {"sq_full_timeout_ms", kSqBoundMs}, {"qp_per_transfer", 2}}, 1 << 20);
   engine_->RegisterRemoteEngine(stall.engine());
   FillPattern(L(), 0, 1 << 20, 151);
-  std::vector<TransferUid> uids;
-  std::vector<StatusPtr> st;
   // Small writes go to QP 0, 1, 0, 1, ... (one QP each, round-robin).
-  auto write = [&](int slot) {
-    uids.push_back(engine_->AllocateTransferUid());
-    st.push_back(engine_->Write(local_, slot * 4096, stall.memory(), slot * 4096, 4096, uids.back()));
-    return st.size() - 1;
-  };
+  SlotWrites write = WritesTo(&stall);
+  auto& uids = write.uids;
+  auto& st = write.st;
   for (int i = 0; i < 2; ++i) {  // one per QP; popped: both QPs' buffers are posted
     const size_t k = write(i);
     ASSERT_TRUE(Ends(st[k], StatusCode::SUCCESS));
@@ -649,6 +669,68 @@ TEST_F(RdmaTransferTest, SendQueueFullOnOneQpOfAStripedTransferAnnouncesNoPart) 
   EXPECT_EQ(counters1.first - counters0.first, st.size() - 2)
       << "notices received: one per successful write, none of the failed striped transfer";
   EXPECT_EQ(counters1.second, 0u) << "the target holds a partly announced transfer";
+}
+
+// A QP that completes nothing for inactivity_timeout_ms drops its
+// connection. Made here as in the SQ-full tests: the target is stopped with
+// its one notice buffer used up, so the next write's notice is retried
+// without limit (receiver not ready) and its chain never ends; the same
+// silence comes from a path whose retransmissions never get through (rxe
+// retries without limit at retry_cnt 7). Failover on: the write is retried
+// over a fresh connection and lands once the target runs again. Off: it
+// fails, naming the bound, instead of staying IN_PROGRESS while the target
+// is stopped; the next transfer reconnects. The second run's completion
+// thread waits on events: asleep while idle, it must wake up when work is
+// posted to watch it.
+constexpr int64_t kStallBoundMs = 500;
+
+TEST_F(RdmaTransferTest, StalledQpDropsItsConnectionAfterTheInactivityBound) {
+  for (bool failover : {true, false}) {
+    SCOPED_TRACE(failover ? "failover on" : "failover off");
+    PeerProcess stall(failover ? "rdma-target-stall-retry" : "rdma-target-stall-fail", 1 << 20, "");
+    Start({{"notif_per_qp", 1},
+           {"qp_per_transfer", 1},
+           {"inactivity_timeout_ms", kStallBoundMs},
+           {"poll_cq_mode", failover ? 0 : 1}},
+          1 << 20, failover);
+    engine_->RegisterRemoteEngine(stall.engine());
+    FillPattern(L(), 0, 1 << 20, failover ? 171 : 172);
+    SlotWrites write = WritesTo(&stall);
+    auto& uids = write.uids;
+    auto& st = write.st;
+    ASSERT_TRUE(StopWithNoticeBufferUsedUp(write, stall));
+    const auto t0 = std::chrono::steady_clock::now();
+    write(2);  // its notice finds no buffer: nothing completes on the QP
+    if (failover) {
+      // Dropped after the bound, then retried: the retry's connection
+      // waits for the stopped target (within connect_timeout_ms).
+      ASSERT_TRUE(testing_util::PollUntil([&] { return engine_->Failover().retry.retries >= 1; }, 20000))
+          << "the stalled write was not retried: " << StatusCodeName(st[2]->PeekCode()) << " " << st[2]->Message();
+      EXPECT_GE(MsSince(t0), kStallBoundMs) << "dropped before the bound";
+      stall.Continue();
+      ASSERT_TRUE(Ends(st[2], StatusCode::SUCCESS));
+      EXPECT_EQ(stall.Hash(2 * 4096, 4096), HashBytes(L() + 2 * 4096, 4096));
+      EXPECT_TRUE(Noticed(uids[2], true, &stall));
+      EXPECT_FALSE(stall.Pop(key(), uids[2])) << "noticed twice";
+      EXPECT_GE(engine_->Failover().retry.recovered, 1u);
+    } else {
+      const StatusCode code = st[2]->WaitFor(kWaitMs);
+      const int64_t waited = MsSince(t0);
+      stall.Continue();
+      ASSERT_EQ(code, StatusCode::ERR_RDMA_OP) << st[2]->Message();
+      EXPECT_TRUE(Contains(st[2]->Message(), "inactivity_timeout_ms=500")) << st[2]->Message();
+      EXPECT_GE(waited, kStallBoundMs);
+      EXPECT_LT(waited, kStallBoundMs + 10000) << "the stall was not judged in time";
+      std::cerr << "stalled write failed after " << waited << " ms (bound " << kStallBoundMs << " ms)\n";
+      EXPECT_EQ(engine_->Failover().retry.retries, 0u);
+      write(3);  // a fresh connection
+      ASSERT_TRUE(Ends(st[3], StatusCode::SUCCESS));
+      EXPECT_EQ(stall.Hash(3 * 4096, 4096), HashBytes(L() + 3 * 4096, 4096));
+      EXPECT_TRUE(Noticed(uids[3], true, &stall));
+    }
+    EXPECT_EQ(stall.Notices().second, 0u) << "the target holds a partly announced transfer";
+    TearDown();
+  }
 }
 
 TEST_F(RdmaTransferTest, SendQueueBackPressureWaitsForRoom) {

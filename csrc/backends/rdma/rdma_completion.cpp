@@ -74,11 +74,24 @@ void CompletionWorker::Remove(ibv_cq* cq) {
   version_.fetch_add(1, std::memory_order_release);
 }
 
+void CompletionWorker::WorkPosted() {
+  if (!sleeping_.load() || !sleeping_.exchange(false)) return;
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+}
+
+bool CompletionWorker::CheckAll(Clock::time_point now, const std::vector<std::pair<ibv_cq*, CqOwner*>>& owners) {
+  bool busy = false;
+  for (auto& e : owners) busy = e.second->CheckProgress(now) || busy;
+  return busy;
+}
+
 void CompletionWorker::PollLoop() {
   using namespace std::chrono;
   std::vector<std::pair<ibv_cq*, CqOwner*>> snapshot;
   uint64_t seen_version = ~uint64_t{0};
   unsigned idle = 0;
+  Clock::time_point next_check = Clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     int got = 0;
     {
@@ -89,6 +102,11 @@ void CompletionWorker::PollLoop() {
         seen_version = v;
       }
       for (auto& e : snapshot) got += DrainCq(e.first, e.second);
+      const Clock::time_point now = Clock::now();
+      if (now >= next_check) {
+        CheckAll(now, snapshot);
+        next_check = now + milliseconds(kProgressCheckMs);
+      }
     }
     if (got) {
       idle = 0;
@@ -105,12 +123,33 @@ void CompletionWorker::EventLoop() {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
   for (auto* ch : channels_) fds.push_back({ch->fd, POLLIN, 0});
+  std::vector<std::pair<ibv_cq*, CqOwner*>> owners;
   while (!stop_.load()) {
-    int rc = ::poll(fds.data(), fds.size(), -1);  // really blocks until a CQ signals
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      owners.assign(cqs_.begin(), cqs_.end());
+      busy = CheckAll(Clock::now(), owners);
+      if (!busy) {
+        // From here WorkPosted wakes us; asked again after saying so, so
+        // that work posted in between is watched too.
+        sleeping_.store(true);
+        busy = CheckAll(Clock::now(), owners);
+        if (busy) sleeping_.store(false);
+      }
+    }
+    // Idle (nothing in flight): really blocks until a CQ signals or work
+    // is posted; otherwise wakes to check for stalls.
+    int rc = ::poll(fds.data(), fds.size(), busy ? kProgressCheckMs : -1);
+    sleeping_.store(false);
     if (rc < 0) {
       if (errno == EINTR) continue;
       MORI_LOG(Error, "RDMA completion thread: poll: " << std::strerror(errno));
       return;
+    }
+    if (fds[0].revents & POLLIN) {
+      uint64_t count = 0;
+      (void)!::read(wake_fd_, &count, sizeof count);  // non-blocking: a WorkPosted (or the stop) consumed
     }
     for (size_t i = 1; i < fds.size(); ++i) {
       if (!(fds[i].revents & POLLIN)) continue;

@@ -14,6 +14,7 @@
 
 #include "backends/rdma/rdma_config.h"
 #include "backends/rdma/rdma_device.h"
+#include "core/net.h"
 
 namespace mori_torch {
 namespace rdma {
@@ -23,7 +24,14 @@ class CqOwner {
   virtual ~CqOwner() = default;
   // Runs on a completion thread (or the thread draining a QP at teardown).
   virtual void OnCompletion(const ibv_wc& wc) = 0;
+  // Runs on the completion thread at least every kProgressCheckMs while it
+  // returns true: whether work is in flight (the owner judges a stall).
+  virtual bool CheckProgress(Clock::time_point /*now*/) { return false; }
 };
+
+// How often completion threads ask their CQs' owners about stalls while
+// work is in flight (CqOwner::CheckProgress).
+constexpr int kProgressCheckMs = 100;
 
 // Polls `cq` empty, handing each completion to `owner`; returns how many.
 int DrainCq(ibv_cq* cq, CqOwner* owner);
@@ -40,17 +48,23 @@ class CompletionWorker {
   void Add(ibv_cq* cq, CqOwner* owner);
   // After it returns, the worker no longer touches `cq`.
   void Remove(ibv_cq* cq);
+  // An owner posted work while it had none in flight: an EVENT thread asleep
+  // without a timeout wakes up to watch it (CheckProgress). Cheap otherwise.
+  void WorkPosted();
 
  private:
   void PollLoop();
   void EventLoop();
+  // CheckProgress on every owner (mu_ held); true if any has work in flight.
+  bool CheckAll(Clock::time_point now, const std::vector<std::pair<ibv_cq*, CqOwner*>>& owners);
 
   const PollCqMode mode_;
   std::vector<std::shared_ptr<RdmaDevice>> rails_;
   std::vector<ibv_comp_channel*> channels_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
-  std::mutex mu_;  // held while polling, so Remove waits for a running poll
+  std::atomic<bool> sleeping_{false};  // EVENT: blocked with nothing in flight to watch
+  std::mutex mu_;                      // held while polling, so Remove waits for a running poll
   std::unordered_map<ibv_cq*, CqOwner*> cqs_;
   std::atomic<uint64_t> version_{0};
   std::thread thread_;

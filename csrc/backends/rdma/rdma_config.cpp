@@ -66,6 +66,7 @@ RdmaConfig RdmaConfig::FromMap(const BackendConfig& given) {
   c.sq_depth = get("sq_depth");
   c.sq_full_timeout_ms = get("sq_full_timeout_ms");
   c.connect_timeout_ms = get("connect_timeout_ms");
+  c.inactivity_timeout_ms = get("inactivity_timeout_ms");
   return c;
 }
 

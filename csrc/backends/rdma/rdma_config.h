@@ -29,6 +29,7 @@ struct RdmaConfig {
   int64_t sq_depth{};   // send work requests per QP
   int64_t sq_full_timeout_ms{};  // how long a chain waits for send-queue room
   int64_t connect_timeout_ms{};
+  int64_t inactivity_timeout_ms{};  // a QP with work in flight that completes nothing this long is dropped
 
   static RdmaConfig FromMap(const BackendConfig& m);
   int CompletionThreads() const { return num_worker_threads < 1 ? 1 : static_cast<int>(num_worker_threads); }

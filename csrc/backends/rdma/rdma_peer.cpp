@@ -118,7 +118,8 @@ std::shared_ptr<RdmaPeer::Conn> RdmaPeer::Connect() {
   w.Put<uint32_t>(static_cast<uint32_t>(nqp));
   for (size_t i = 0; i < nqp; ++i) {
     const size_t rail = i % rails;
-    c->qps.push_back(std::make_unique<SendQp>(shared_->rails[rail], rail, shared_->NextWorker(), depth, remote_.key));
+    c->qps.push_back(std::make_unique<SendQp>(shared_->rails[rail], rail, shared_->NextWorker(), depth, remote_.key,
+                                              cfg.inactivity_timeout_ms));
     c->qps.back()->Info().Put(&w);
     // A failed work request leaves its QP in the error state: drop the whole
     // connection, so the next transfer reconnects with fresh QPs.

@@ -27,8 +27,12 @@ std::string CompletionError(const VerbsApi* api, const ibv_wc& wc, const char* v
 }  // namespace
 
 SendQp::SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth,
-               std::string peer_key)
-    : RdmaQp(std::move(dev), rail, worker, depth, 0), depth_(depth), peer_key_(std::move(peer_key)), notices_(depth) {
+               std::string peer_key, int64_t inactivity_ms)
+    : RdmaQp(std::move(dev), rail, worker, depth, 0),
+      depth_(depth),
+      peer_key_(std::move(peer_key)),
+      inactivity_ms_(inactivity_ms),
+      notices_(depth) {
   notice_mr_ =
       dev_->api->reg_mr(dev_->pd, notices_.data(), notices_.size() * sizeof(NoticeWire), IBV_ACCESS_LOCAL_WRITE);
   if (!notice_mr_) {
@@ -95,6 +99,10 @@ bool SendQp::Post(ibv_send_wr* first, Chain* chain, std::string* why) {
   if (broken_) {
     *why = broken_reason_;
     return false;
+  }
+  if (outstanding_.empty()) {
+    last_progress_ = Clock::now();  // the silence to judge starts now
+    worker_->WorkPosted();
   }
   outstanding_.push_back(chain);
   ibv_send_wr* bad = nullptr;
@@ -173,10 +181,32 @@ void SendQp::Finish(Chain* c) {
       }
     }
     used_ -= c->slots;
+    last_progress_ = Clock::now();
     room_.notify_all();
   }
   c->xfer->tracker->PartDone(c->code, c->msg, c->path_failed);
   delete c;
+}
+
+bool SendQp::CheckProgress(Clock::time_point now) {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_ || outstanding_.empty()) return false;
+    const auto silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_progress_).count();
+    if (silent_ms < inactivity_ms_) return true;
+    why = "no work completion from engine '" + peer_key_ + "' for " + std::to_string(silent_ms) + " ms with " +
+          std::to_string(outstanding_.size()) +
+          " chain(s) in flight on a QP (RdmaBackendConfig.inactivity_timeout_ms=" + std::to_string(inactivity_ms_) +
+          "): the path stalled and its connection is dropped";
+  }
+  MORI_LOG(Warning, "RDMA: " << why);
+  if (on_error_) {
+    on_error_(why);
+  } else {
+    Break(why);
+  }
+  return false;
 }
 
 bool SendQp::Idle() {

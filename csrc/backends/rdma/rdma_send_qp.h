@@ -51,7 +51,9 @@ void FailNextPostedQpsForTest(int n);
 
 class SendQp : public RdmaQp {
  public:
-  SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth, std::string peer_key);
+  // `inactivity_ms`: see CheckProgress.
+  SendQp(std::shared_ptr<RdmaDevice> dev, size_t rail, CompletionWorker* worker, uint32_t depth, std::string peer_key,
+         int64_t inactivity_ms);
   ~SendQp() override;
 
   uint32_t depth() const { return depth_; }
@@ -77,6 +79,12 @@ class SendQp : public RdmaQp {
   void SetOnError(std::function<void(const std::string&)> f) { on_error_ = std::move(f); }
 
   void OnCompletion(const ibv_wc& wc) override;
+  // A QP with chains in flight that completed none of them for
+  // `inactivity_ms` (a lost peer that keeps its socket, a path whose
+  // retransmissions never get through: RC retries without limit at
+  // retry_cnt 7 on Soft-RoCE, RNR retries do everywhere) fails the path
+  // (SetOnError's callback, else Break), so its chains end and are retried.
+  bool CheckProgress(Clock::time_point now) override;
 
  protected:
   bool Idle() override;
@@ -87,13 +95,15 @@ class SendQp : public RdmaQp {
 
   const uint32_t depth_;
   const std::string peer_key_;
+  const int64_t inactivity_ms_;
   mutable std::mutex mu_;
   std::condition_variable room_;
   uint32_t used_ = 0;
   bool broken_ = false;
   std::string broken_reason_;
-  bool broken_path_ = true;         // broken_ by a failure of the path (Break's path_failed)
-  std::deque<Chain*> outstanding_;  // in posting order; completions come in order
+  bool broken_path_ = true;          // broken_ by a failure of the path (Break's path_failed)
+  std::deque<Chain*> outstanding_;   // in posting order; completions come in order
+  Clock::time_point last_progress_;  // the last chain's end, or the post that ended idleness
   std::vector<NoticeWire> notices_;
   ibv_mr* notice_mr_ = nullptr;
   uint32_t next_notice_ = 0;
