@@ -392,16 +392,19 @@ def _pair_layouts(region, seg, seed):
 # launch table takes) over two chunks, a set straddling the chunk boundary;
 # 40: more sets than a table takes (the rewrite into addresses).
 @pytest.mark.parametrize("npairs", [8, 32, 40])
-@pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS], ids=["default", "kernel", "copy-engines"])
+@pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS, dict(kernel_max_avg_bytes=1 << 20)],
+                         ids=["default", "kernel", "copy-engines", "large-alone"])
 @pytest.mark.parametrize("op", ["read", "write"])
 def test_engine_batch_of_pairs(op, cfg, npairs):
     """The engine-level multi-pair batch (SGLang's): pairs to two remote
     engines, pages and a large segment mixed, local memories on every GPU
-    (the pairs of small segments on one GPU share one Enqueue: with the
-    kernel, one segment list, as offsets with a table of bases for up to 16
-    of them, rewritten into addresses beyond that or when a segment must be
-    cut; pairs of large segments go alone). Every pair's bytes land; a pair with a bad offset or a
-    deregistered remote memory fails alone."""
+    (the pairs of small segments on one GPU share one kernel launch when
+    together they suit it: one segment list, as offsets with a table of
+    bases for up to 16 of them, rewritten into addresses beyond that or when
+    a segment must be cut; else each goes alone. Pairs of large segments go
+    alone: with "large-alone" the 2 MiB pair is one, beside shared pages).
+    Every pair's bytes land; a pair with a bad offset or a deregistered
+    remote memory fails alone."""
     a, b, c = xgmi_engine("gba", **cfg), xgmi_engine("gbb", **cfg), xgmi_engine("gbc", **cfg)
     for e in (b, c):
         a.register_remote_engine(e.get_engine_desc())
@@ -452,18 +455,20 @@ def test_engine_batch_of_pairs(op, cfg, npairs):
         e.shutdown()
 
 
+@pytest.mark.parametrize("npairs", [12, 5])
 @pytest.mark.parametrize("cfg", [{}, COPY_ENGINES_ALWAYS], ids=["default", "copy-engines"])
 @pytest.mark.parametrize("op", ["read", "write"])
-def test_engine_batch_of_one_page_pairs(op, cfg):
+def test_engine_batch_of_one_page_pairs(op, cfg, npairs):
     """Pairs of one page each (fewer segments than kernel_min_segments
-    apiece): together enough for the kernel by default, so they share one
-    launch and one completion; with the copy engines forced, each goes on
-    its own. Every page lands where its own pair says, whichever way they
-    went (the grouping itself is not visible from here), and a pair whose
-    page is out of range fails alone (refused before submission)."""
+    apiece): 12 of them (11 valid) are together enough for the kernel by
+    default, so they share one launch and one completion; 5 (4 valid) are
+    not, and each goes on its own, as with the copy engines forced. Every
+    page lands where its own pair says, whichever way they went (the
+    grouping itself is not visible from here), and a pair whose page is out
+    of range fails alone (refused before submission)."""
     a, b = xgmi_engine("opa", **cfg), xgmi_engine("opb", **cfg)
     a.register_remote_engine(b.get_engine_desc())
-    seg, npairs = 4096, 12
+    seg, bad = 4096, npairs // 2
     locals_ = [torch.zeros(8 * seg, dtype=torch.uint8, device="cuda:0") for _ in range(npairs)]
     remotes = [torch.zeros(8 * seg, dtype=torch.uint8, device="cuda:0") for _ in range(npairs)]
     for k, t in enumerate(locals_ if op == "write" else remotes):
@@ -472,18 +477,18 @@ def test_engine_batch_of_one_page_pairs(op, cfg):
     rds = [MemoryDesc.unpack(b.register_torch_tensor(t).pack()) for t in remotes]
     los = [[(k % 8) * seg] for k in range(npairs)]
     ros = [[((k * 3) % 8) * seg] for k in range(npairs)]
-    ros[5] = [8 * seg - seg // 2]  # past the end of its remote memory
+    ros[bad] = [8 * seg - seg // 2]  # past the end of its remote memory
     statuses = getattr(a, f"batch_{op}")(lds, los, rds, ros, [[seg]] * npairs,
                                          [a.allocate_transfer_uid() for _ in range(npairs)])
     for k, st in enumerate(statuses):
-        if k == 5:
+        if k == bad:
             assert st.WaitFor(10000) == StatusCode.ERR_INVALID_ARGS, st.Message()
         else:
             wait_ok(st)
     torch.cuda.synchronize()
     for k in range(npairs):
         lo, ro = los[k][0], ros[k][0]
-        if k == 5:
+        if k == bad:
             assert int((locals_[k] if op == "read" else remotes[k]).count_nonzero()) == 0
         elif op == "read":
             assert torch.equal(locals_[k][lo:lo + seg], remotes[k][ro:ro + seg])

@@ -168,9 +168,10 @@ class XgmiBackend : public Backend {
     uint64_t remote_base = 0;
   };
   // Runs transfers whose local memory is on one GPU: those of small
-  // segments share one Enqueue (one kernel or one lane of copies, one
-  // completion); those of large segments go alone, as Run does. Every
-  // status ends.
+  // segments share one Enqueue (one kernel launch, one completion) when
+  // together they are enough for the kernel (KernelSuits), else each goes
+  // alone; those of large segments go alone, as Run does. Every status
+  // ends.
   void RunOnDevice(std::vector<Located> ops);
   // Largest piece one thread group of the copy kernel takes: segments are
   // cut so that a batch of few large segments still fills the device.
