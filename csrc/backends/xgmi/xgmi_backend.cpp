@@ -428,10 +428,13 @@ void XgmiBackend::EnqueueAlone(int dev, Prepared& p) {
 }
 
 void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
-  auto pending = std::make_shared<PendingCopy>();
-  pending->device = dev;
+  std::shared_ptr<PendingCopy> pending;
   DeviceContext::Lane* lane = nullptr;
   try {
+    // Inside the try: the callers hand the batch over, so nothing may
+    // escape without ending its statuses.
+    pending = std::make_shared<PendingCopy>();
+    pending->device = dev;
     std::vector<CopySource> sources;
     sources.reserve(batch.size());
     size_t segments = 0;
@@ -459,7 +462,7 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     pending->event = TakeEvent(dev);
     gpu::RecordEvent(pending->event, lane->stream);
   } catch (const std::exception& e) {
-    if (pending->event) ReturnEvent(pending->event, dev);
+    if (pending && pending->event) ReturnEvent(pending->event, dev);
     // Copies enqueued before the failure may still run: they finish before
     // the statuses end and the local memory is let go.
     if (lane != nullptr) {
