@@ -1,7 +1,9 @@
 // The fenced receive (core/net.h), which writes a peer's payload into
 // registered memory: whole iovec lists arrive in order through receives
 // capped at kFencedReceiveMax, and nothing more is received once the peer
-// reset the connection.
+// reset the connection. The read-ahead reader (core/socket_reader.h): the
+// same byte stream whichever way it is split between buffer and socket,
+// readiness without waiting, and the same fence for buffered bytes.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "core/net.h"
+#include "core/socket_reader.h"
 
 namespace mori_torch {
 namespace {
@@ -110,6 +113,65 @@ TEST(FencedReceiveTest, ReceivesNothingOnceThePeerResetTheConnection) {
   std::vector<uint8_t> got(128 << 10, 0);
   std::vector<iovec> iov = Slices(got, {got.size()});
   IoResult r = ReadVFullFenced(c.receiver.fd(), iov, IoDeadline(DeadlineAfterMs(5000)));
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("fenced receive"), std::string::npos) << r.error;
+  EXPECT_EQ(std::count(got.begin(), got.end(), 0), static_cast<long>(got.size()));  // nothing written
+}
+
+TEST(SocketReaderTest, OneStreamWhateverTheSplitBetweenBufferAndSocket) {
+  Connection c = Loopback();
+  const std::vector<uint8_t> payload = Pattern(60000);
+  ASSERT_TRUE(WriteFull(c.sender.fd(), payload.data(), payload.size(), IoDeadline(DeadlineAfterMs(5000))).ok);
+  SocketReader in(4096);
+  in.Attach(c.receiver.fd());
+  ASSERT_TRUE(WaitReadable(c.receiver.fd(), 5000));
+  ASSERT_GT(in.FillNow(), 0);
+  EXPECT_EQ(in.buffered(), 4096u) << "one recv fills the buffer";
+  EXPECT_EQ(std::vector<uint8_t>(in.data(), in.data() + 8), std::vector<uint8_t>(payload.begin(), payload.begin() + 8));
+  // More than the buffer holds is ready now: queued in the socket (FIONREAD).
+  EXPECT_TRUE(in.Ready(20000));
+  std::vector<uint8_t> got(payload.size());
+  // A small read from the buffer, an iovec list across it and the socket,
+  // a discard across both, then the rest.
+  const IoDeadline d(DeadlineAfterMs(5000));
+  ASSERT_TRUE(in.ReadFull(got.data(), 10, d).ok);
+  std::vector<iovec> iov = Slices(got, {10, 4000, 200, 5000});
+  iov.erase(iov.begin());
+  ASSERT_TRUE(in.ReadVFull(iov, d).ok);
+  ASSERT_TRUE(in.FillNow() > 0);
+  const size_t skipped_at = 9210, skip = 7000;
+  ASSERT_TRUE(in.Discard(skip, d).ok);
+  std::fill(got.begin() + skipped_at, got.begin() + skipped_at + skip, 0);
+  ASSERT_TRUE(in.ReadFull(got.data() + skipped_at + skip, got.size() - skipped_at - skip, d).ok);
+  std::vector<uint8_t> want = payload;
+  std::fill(want.begin() + skipped_at, want.begin() + skipped_at + skip, 0);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(in.buffered(), 0u);
+  EXPECT_EQ(in.FillNow(), 0) << "nothing queued";
+  EXPECT_TRUE(in.drained());
+  EXPECT_FALSE(in.Ready(1));
+  c.sender.Close();
+  ASSERT_TRUE(WaitReadable(c.receiver.fd(), 5000));
+  EXPECT_EQ(in.FillNow(), -1) << "the peer closed";
+  EXPECT_FALSE(in.drained());
+}
+
+TEST(SocketReaderTest, BufferedBytesAreFencedLikeTheSocketsOnes) {
+  Connection c = Loopback();
+  const std::vector<uint8_t> payload = Pattern(64 << 10);
+  ASSERT_TRUE(WriteFull(c.sender.fd(), payload.data(), payload.size(), IoDeadline(DeadlineAfterMs(5000))).ok);
+  SocketReader in(16 << 10);
+  in.Attach(c.receiver.fd());
+  ASSERT_TRUE(WaitReadable(c.receiver.fd(), 5000));
+  ASSERT_GT(in.FillNow(), 0);
+  ASSERT_GT(in.buffered(), 0u);
+  c.sender.Abort();
+  for (int i = 0; i < 200 && !PeerAbandoned(c.receiver.fd()); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(PeerAbandoned(c.receiver.fd()));
+  std::vector<uint8_t> got(payload.size(), 0);
+  std::vector<iovec> iov = Slices(got, {got.size()});
+  IoResult r = in.ReadVFullFenced(iov, IoDeadline(DeadlineAfterMs(5000)));
   ASSERT_FALSE(r.ok);
   EXPECT_NE(r.error.find("fenced receive"), std::string::npos) << r.error;
   EXPECT_EQ(std::count(got.begin(), got.end(), 0), static_cast<long>(got.size()));  // nothing written

@@ -34,6 +34,17 @@ def _prepare(pair, op):
     pair.remote.copy_(pattern(pair.remote.numel(), 2 if op == "write" else 1) ^ 0x5A)
 
 
+def _assert_noticed_once(pair, uids):
+    """Every uid's completion notice reaches the target, once."""
+    key = pair.init.get_engine_desc().key
+    for uid in uids:
+        deadline = time.monotonic() + 10
+        while pair.target.pop_inbound_transfer_status(key, uid) is None:
+            assert time.monotonic() < deadline, f"no completion notice for uid {uid}"
+            time.sleep(0.001)
+        assert pair.target.pop_inbound_transfer_status(key, uid) is None, f"uid {uid} notified twice"
+
+
 @pytest.mark.parametrize("op", ["read", "write"])
 @pytest.mark.parametrize("use_session", [False, True], ids=["engine", "session"])
 @pytest.mark.parametrize("size", [8, 8192])
@@ -212,13 +223,45 @@ def test_inline_and_handed_off_requests_interleave(inline_max_bytes):
         for t in range(4):
             w = slice(t * region, t * region + region // 2)
             assert torch.equal(p.remote[w], p.local[w]), f"thread {t}'s written region differs"
-        key = p.init.get_engine_desc().key
-        for uid in uids:
-            deadline = time.monotonic() + 10
-            while p.target.pop_inbound_transfer_status(key, uid) is None:
-                assert time.monotonic() < deadline, f"no completion notice for uid {uid}"
-                time.sleep(0.001)
-            assert p.target.pop_inbound_transfer_status(key, uid) is None, f"uid {uid} notified twice"
+        _assert_noticed_once(p, uids)
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("inline_max_bytes", [0, 64 << 10], ids=["handed-off", "default"])
+def test_pipelined_requests_across_the_read_ahead(inline_max_bytes):
+    """Hundreds of reads and writes in flight on one data connection, of
+    sizes around the 16 KiB read-ahead of each end (tcp_inline.h): a recv
+    brings several requests (or responses) at once, or part of one, and
+    payloads straddle the buffer. Every byte lands where it should and every
+    notice arrives once."""
+    p = Pair(nbytes=16 << 20, num_data_conns=1, inline_max_bytes=inline_max_bytes)
+    try:
+        p.local.copy_(pattern(p.local.numel(), 5))
+        p.remote.copy_(pattern(p.remote.numel(), 6))
+        expect_remote, expect_local = p.remote.clone(), p.local.clone()
+        sess = p.init.create_session(p.local_desc, p.remote_desc)
+        sizes = [1, 7, 80, 4096, (16 << 10) - 176, (16 << 10) - 1, 16 << 10, (16 << 10) + 1, 40000, 64 << 10,
+                 (64 << 10) + 1]
+        rnd = random.Random(11)
+        statuses, uids, off = [], [], 0
+        for i in range(300):
+            size = sizes[i % len(sizes)]
+            uid = sess.allocate_transfer_uid()
+            if rnd.random() < 0.5:
+                statuses.append(sess.write(off, off, size, uid))
+                expect_remote[off:off + size] = expect_local[off:off + size]
+            else:
+                statuses.append(sess.read(off, off, size, uid))
+                expect_local[off:off + size] = expect_remote[off:off + size]
+            uids.append(uid)
+            off += size + rnd.randrange(0, 64)
+        assert off <= p.local.numel()
+        for st in statuses:
+            wait_ok(st)
+        assert torch.equal(p.local, expect_local)
+        assert torch.equal(p.remote, expect_remote)
+        _assert_noticed_once(p, uids)
     finally:
         p.close()
 

@@ -81,6 +81,7 @@ bool TcpBackend::AdoptData(const EngineDesc& peer, InboundConnection& conn) {
   SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
                static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
   in->sndbuf = SendBufferBytes(fd);
+  in->reader.Attach(fd);
   {
     std::lock_guard<std::mutex> lk(inbound_mu_);
     if (shut_.load()) return true;  // dropped: the socket closes with `in`
@@ -106,22 +107,28 @@ void TcpBackend::OnInboundEvent(const InboundPtr& in, uint32_t events) {
   for (int n = 0; n < kInlineMaxPerEvent && ReadyInline(*in); ++n) {
     if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
   }
-  if (!ReadableNow(fd)) return ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
+  // Nothing buffered and the socket just found empty (or empty now): wait
+  // for more (re-arming reports bytes that came in between).
+  if (in->reader.buffered() == 0 && (in->reader.drained() || !ReadableNow(fd))) {
+    return ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
+  }
   if (!serve_pool_->Post([this, in] { ServeReady(in); })) DropInbound(in);
 }
 
-bool TcpBackend::ReadyInline(const Inbound& in) const {
+bool TcpBackend::ReadyInline(Inbound& in) const {
   const int fd = in.conn.sock.fd();
   RequestHeader h;
   // Anything unusual (a malformed header, a retry that may wait for its
   // earlier attempt, GPU memory) is the workers' to handle.
-  if (cfg_.inline_max_bytes == 0 || !PeekFull(fd, &h, sizeof(h)) || h.magic != kRequestMagic || h.attempt != 0 ||
-      h.num_segs > kInlineMaxSegments || h.total_bytes > static_cast<uint64_t>(cfg_.inline_max_bytes)) {
+  if (cfg_.inline_max_bytes == 0 || !in.reader.Ready(sizeof(h))) return false;
+  std::memcpy(&h, in.reader.data(), sizeof(h));
+  if (h.magic != kRequestMagic || h.attempt != 0 || h.num_segs > kInlineMaxSegments ||
+      h.total_bytes > static_cast<uint64_t>(cfg_.inline_max_bytes)) {
     return false;
   }
   const auto op = static_cast<Op>(h.op);
   if (op != Op::Write && op != Op::Read && op != Op::Notice) return false;
-  if (BytesReadable(fd) < RequestWireBytes(op, h.num_segs, h.total_bytes)) return false;
+  if (!in.reader.Ready(RequestWireBytes(op, h.num_segs, h.total_bytes))) return false;
   if (op == Op::Notice) return true;  // no response, no memory
   const uint64_t response = kWireAlign + kMaxMessageBytes + (op == Op::Read ? WireRound(h.total_bytes) : 0);
   if (!SendFitsNow(fd, response, in.sndbuf)) return false;
@@ -135,7 +142,7 @@ void TcpBackend::ServeReady(const InboundPtr& in) {
   // pipeline of small transfers); the loop takes over when the socket is idle.
   do {
     if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
-  } while (ReadableNow(fd));
+  } while (in->reader.buffered() > 0 || ReadableNow(fd));
   ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
 }
 
@@ -158,7 +165,7 @@ bool TcpBackend::ServeRequest(Inbound& in) {
   std::unique_ptr<gpu::StagingSet>* staging = &in.staging;
   const IoDeadline deadline{DeadlineAfterMs(cfg_.op_timeout_ms), cfg_.inactivity_timeout_ms};
   RequestHeader h;
-  IoResult r = ReadFull(fd, &h, sizeof(h), deadline);
+  IoResult r = in.reader.ReadFull(&h, sizeof(h), deadline);
   if (!r.ok) {
     if (r.error != "peer closed the connection") {
       MORI_LOG(Warning, "TCP data connection from '" << peer.key << "': " << r.error);
@@ -181,7 +188,7 @@ bool TcpBackend::ServeRequest(Inbound& in) {
   for (uint64_t got = 0; got < table_bytes;) {
     const uint64_t take = std::min(kTableChunk, table_bytes - got);
     table.resize((got + take) / sizeof(WireSegment));
-    r = ReadFull(fd, reinterpret_cast<char*>(table.data()) + got, take, deadline);
+    r = in.reader.ReadFull(reinterpret_cast<char*>(table.data()) + got, take, deadline);
     if (!r.ok) return false;
     got += take;
   }
@@ -255,8 +262,8 @@ bool TcpBackend::ServeRequest(Inbound& in) {
     }
     if (code == StatusCode::SUCCESS && gpu_mem) {
       std::string gpu_error;
-      r = RecvStaged(fd, **staging, device_bytes, deadline, &gpu_error);
-      if (r.ok) r = Discard(fd, WirePad(h.total_bytes), deadline);
+      r = RecvStaged(in.reader, **staging, device_bytes, deadline, &gpu_error);
+      if (r.ok) r = in.reader.Discard(WirePad(h.total_bytes), deadline);
       if (!gpu_error.empty()) {
         code = StatusCode::ERR_GPU_OP;
         msg = "target could not copy the payload into its GPU memory: " + gpu_error;
@@ -265,9 +272,9 @@ bool TcpBackend::ServeRequest(Inbound& in) {
       AppendIovecs(use->Base(), segs, false, &iov);
       char pad[kWireAlign];
       if (uint64_t n = WirePad(h.total_bytes)) iov.push_back({pad, n});
-      r = ReadVFullFenced(fd, iov, deadline);
+      r = in.reader.ReadVFullFenced(iov, deadline);
     } else {
-      r = Discard(fd, WireRound(h.total_bytes), deadline);  // keep the stream in step
+      r = in.reader.Discard(WireRound(h.total_bytes), deadline);  // keep the stream in step
     }
     use.reset();
     if (!r.ok) return false;

@@ -74,13 +74,14 @@ class TcpBackend : public Backend {
     InboundConnection conn;
     std::unique_ptr<gpu::StagingSet> staging;  // for GPU memory, taken on first use
     int sndbuf = 0;                            // SO_SNDBUF (tcp_inline.h)
+    SocketReader reader{kReadAheadBytes};      // every read of the connection goes through it
   };
   using InboundPtr = std::shared_ptr<Inbound>;
   void OnInboundEvent(const InboundPtr& in, uint32_t events);
   // True if the next request can be served on the loop thread without
   // waiting (tcp_inline.h): small, of host memory, a first attempt, all its
   // bytes here, and its response fits the send buffer now.
-  bool ReadyInline(const Inbound& in) const;
+  bool ReadyInline(Inbound& in) const;
   void ServeReady(const InboundPtr& in);
   void DropInbound(const InboundPtr& in);
   // Target side of one request; false ends the connection.

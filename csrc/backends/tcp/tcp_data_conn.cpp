@@ -93,7 +93,13 @@ bool DataConn::SendInlineLocked(const Part& p) const {
   if (!connected_ || send_scheduled_ || !send_q_.empty() || cfg_.inline_max_bytes == 0 || !SmallForInline(p)) {
     return false;
   }
-  return SendFitsNow(sock_.fd(), RequestWireBytes(p.op, p.segs.size(), p.total), sndbuf_);
+  const uint64_t bytes = RequestWireBytes(p.op, p.segs.size(), p.total);
+  // Nothing in flight: every request sent was answered, and the target read
+  // it and all before it, so the send queue holds at most the one notice
+  // sent after the last answer (and bytes the peer read but did not yet
+  // acknowledge): no need to ask the kernel (one ioctl per small transfer).
+  if (inflight_.empty() && bytes + kReadAheadBytes <= static_cast<uint64_t>(sndbuf_) / 2) return true;
+  return SendFitsNow(sock_.fd(), bytes, sndbuf_);
 }
 
 void DataConn::Enqueue(PartPtr p) {
@@ -253,6 +259,7 @@ bool DataConn::Connect() {
   std::lock_guard<std::mutex> lk(mu_);
   if (broken_) return false;
   sock_ = std::move(s);
+  reader_.Attach(sock_.fd());
   sndbuf_ = SendBufferBytes(sock_.fd());
   connected_ = true;
   progress_ms_.store(SteadyMs());
@@ -369,9 +376,10 @@ bool DataConn::ResponseReadyInline() {
   }
   if (head->op == Op::Read && !SmallForInline(*head)) return false;
   ResponseHeader rh;
-  if (!PeekFull(sock_.fd(), &rh, sizeof(rh)) || rh.magic != kResponseMagic) return false;
-  if (rh.payload_bytes > static_cast<uint64_t>(cfg_.inline_max_bytes)) return false;
-  return BytesReadable(sock_.fd()) >= WireRound(sizeof(rh) + rh.msg_len) + WireRound(rh.payload_bytes);
+  if (!reader_.Ready(sizeof(rh), &progress_ms_)) return false;
+  std::memcpy(&rh, reader_.data(), sizeof(rh));
+  if (rh.magic != kResponseMagic || rh.payload_bytes > static_cast<uint64_t>(cfg_.inline_max_bytes)) return false;
+  return reader_.Ready(WireRound(sizeof(rh) + rh.msg_len) + WireRound(rh.payload_bytes), &progress_ms_);
 }
 
 void DataConn::OnSocketEvent(uint32_t events) {
@@ -381,7 +389,10 @@ void DataConn::OnSocketEvent(uint32_t events) {
     for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
       if (!ReceiveOne()) return;
     }
-    if (!ReadableNow(sock_.fd())) return workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+    // Nothing buffered and the socket just found empty (or empty now).
+    if (reader_.buffered() == 0 && (reader_.drained() || !ReadableNow(sock_.fd()))) {
+      return workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+    }
     auto self = shared_from_this();
     if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
     return;
@@ -422,7 +433,7 @@ void DataConn::RecvJob() {
       // flight before its first byte is sent): the peer closed the
       // connection or broke the protocol.
       char c;
-      ssize_t n = ::recv(sock_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      ssize_t n = reader_.buffered() > 0 ? 1 : ::recv(sock_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
       const int err = errno;
       if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) break;  // a spurious report
       if (n > 0) {
@@ -435,7 +446,7 @@ void DataConn::RecvJob() {
       return;
     }
     if (!ReceiveOne()) return;
-  } while (ReadableNow(sock_.fd()));
+  } while (reader_.buffered() > 0 || ReadableNow(sock_.fd()));
   workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
 }
 
@@ -468,7 +479,7 @@ bool DataConn::ReceiveOne() {
   // A response is at least kWireAlign bytes: its first ones hold the
   // header and the start of the message (or padding).
   alignas(8) char first[kWireAlign];
-  IoResult r = ReadFull(sock_.fd(), first, sizeof(first), bound);
+  IoResult r = reader_.ReadFull(first, sizeof(first), bound);
   if (!r.ok) {
     BreakOnIo(r, "no response");
     return false;
@@ -482,7 +493,7 @@ bool DataConn::ReceiveOne() {
   constexpr size_t kFirstMsg = sizeof(first) - sizeof(rh);
   msg.assign(first + sizeof(rh), kFirstMsg);
   msg.resize(WireRound(sizeof(rh) + rh.msg_len) - sizeof(rh));  // message and padding
-  r = ReadFull(sock_.fd(), &msg[0] + kFirstMsg, msg.size() - kFirstMsg, bound);
+  r = reader_.ReadFull(&msg[0] + kFirstMsg, msg.size() - kFirstMsg, bound);
   msg.resize(rh.msg_len);
   auto code = static_cast<StatusCode>(rh.code);
   if (r.ok && code == StatusCode::SUCCESS && head->op == Op::Read) {
@@ -494,9 +505,9 @@ bool DataConn::ReceiveOne() {
     MemoryUse use(head->local);
     if (use && OnGpu(use->desc)) {
       std::string gpu_error;
-      r = RecvStaged(sock_.fd(), *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true}, bound,
+      r = RecvStaged(reader_, *recv_staging_, {use->desc.data, use->desc.device_id, &head->segs, true}, bound,
                      &gpu_error);
-      if (r.ok) r = Discard(sock_.fd(), WirePad(rh.payload_bytes), bound);
+      if (r.ok) r = reader_.Discard(WirePad(rh.payload_bytes), bound);
       if (!gpu_error.empty()) {
         code = StatusCode::ERR_GPU_OP;
         msg = "copying the read payload to GPU memory failed: " + gpu_error;
@@ -506,9 +517,9 @@ bool DataConn::ReceiveOne() {
       AppendIovecs(use->Base(), head->segs, true, &iov);
       char pad[kWireAlign];
       if (uint64_t n = WirePad(rh.payload_bytes)) iov.push_back({pad, n});
-      r = ReadVFull(sock_.fd(), iov, bound);
+      r = reader_.ReadVFull(iov, bound);
     } else {
-      r = Discard(sock_.fd(), WireRound(rh.payload_bytes), bound);
+      r = reader_.Discard(WireRound(rh.payload_bytes), bound);
       code = StatusCode::ERR_NOT_FOUND;
       msg = "local memory " + std::to_string(head->local->desc.id) + " was deregistered during the read";
     }

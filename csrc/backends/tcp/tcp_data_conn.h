@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "backends/tcp/tcp_config.h"
+#include "backends/tcp/tcp_inline.h"
 #include "backends/tcp/tcp_protocol.h"
 #include "core/event_loop.h"
 #include "core/memory_registry.h"
 #include "core/net.h"
 #include "core/segments.h"
+#include "core/socket_reader.h"
 #include "core/transfer_tracker.h"
 #include "gpu/staging.h"
 
@@ -166,6 +168,9 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   int sndbuf_ = 0;  // SO_SNDBUF, set with sock_
   // Reused by the receive job.
   std::vector<iovec> recv_iov_;
+  // Every read of the socket goes through it (the thread that holds the
+  // event loop's one-shot watch: the loop or a receive job).
+  SocketReader reader_{kReadAheadBytes};
   std::string recv_msg_;
 };
 

@@ -5,11 +5,16 @@
 // received, and on the target the request served, by the event-loop thread
 // that sees it ready. These threads must never wait on the network (the loop
 // serves every connection), so they take only what cannot wait: every byte
-// of the message is already in the socket's receive buffer, and what they
-// write fits in its send buffer now. Anything else goes to the workers as
-// before (TcpBackendConfig.inline_max_bytes: the size bound, 0: never).
+// of the message is already here (read ahead, or in the socket's receive
+// buffer), and what they write fits in its send buffer now. Anything else
+// goes to the workers as before (TcpBackendConfig.inline_max_bytes: the
+// size bound, 0: never). Each end reads its connections through a
+// read-ahead buffer (core/socket_reader.h), so that a small message costs
+// one recv; the submitting thread asks the kernel for send-buffer room only
+// while requests are in flight.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/tcp/tcp_protocol.h"
@@ -20,6 +25,10 @@ namespace tcp {
 // Segments of one request that the loop thread handles itself (the table
 // is copied and checked segment by segment).
 constexpr uint32_t kInlineMaxSegments = 64;
+// Read-ahead of each data connection, at both ends (core/socket_reader.h):
+// a request's header and table, or a response's header with a payload of a
+// few pages, come in one recv.
+constexpr size_t kReadAheadBytes = 16 << 10;
 // Messages the loop thread handles per event of one connection, so that a
 // busy connection cannot keep the loop from the others: more go to a worker.
 constexpr int kInlineMaxPerEvent = 32;

@@ -92,7 +92,7 @@ IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, const I
   return IoResult::Ok();
 }
 
-IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, const IoDeadline& deadline,
+IoResult RecvStaged(SocketReader& in, gpu::StagingSet& st, const DeviceBytes& dst, const IoDeadline& deadline,
                     std::string* gpu_error) {
   ChunkWalker walk(dst);
   const int depth = st.depth();
@@ -108,13 +108,13 @@ IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, const I
     // Walk first to learn the chunk's size; copies start once its bytes are in.
     const uint64_t n = walk.Next(st.chunk_bytes(), &pieces);
     if (n == 0) break;
-    IoResult r = ReadFull(fd, st.chunk(b), n, deadline);
+    IoResult r = in.ReadFull(st.chunk(b), n, deadline);
     if (!r.ok) {
       Drain(st);
       return r;
     }
     if (!gpu_error->empty()) continue;  // keep the stream in step, copy nothing
-    if (dst.fenced && PeerAbandoned(fd)) {
+    if (dst.fenced && PeerAbandoned(in.fd())) {
       Drain(st);
       return IoResult::Fail("fenced: the peer abandoned the connection; nothing more is written");
     }

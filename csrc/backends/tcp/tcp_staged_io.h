@@ -10,6 +10,7 @@
 
 #include "core/net.h"
 #include "core/segments.h"
+#include "core/socket_reader.h"
 #include "gpu/staging.h"
 
 namespace mori_torch {
@@ -31,10 +32,10 @@ struct DeviceBytes {
 // out of step: the caller drops the connection).
 IoResult SendStaged(int fd, gpu::StagingSet& st, const DeviceBytes& src, const IoDeadline& deadline);
 
-// Receives the payload. A device error does not fail the result: the rest
-// of the payload is still read (the stream stays in step) and the error is
-// put in *gpu_error.
-IoResult RecvStaged(int fd, gpu::StagingSet& st, const DeviceBytes& dst, const IoDeadline& deadline,
+// Receives the payload from `in` (its buffered bytes first). A device error
+// does not fail the result: the rest of the payload is still read (the
+// stream stays in step) and the error is put in *gpu_error.
+IoResult RecvStaged(SocketReader& in, gpu::StagingSet& st, const DeviceBytes& dst, const IoDeadline& deadline,
                     std::string* gpu_error);
 
 }  // namespace tcp

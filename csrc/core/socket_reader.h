@@ -1,0 +1,63 @@
+// Reads a socket through a small read-ahead buffer. One non-blocking recv
+// takes whatever is queued, up to the capacity, so a small message (a
+// request's header and table, a response's header and a small payload)
+// costs one system call instead of a peek, a FIONREAD and one recv per part:
+// on the VMs we measure, each of those costs 0.5-0.7 us, on the path of
+// every small transfer. The reads below take buffered bytes first and then
+// go to the socket directly, so the bulk of a large payload still lands in
+// place. One thread at a time (the event loop's one-shot watch hands a
+// connection to one thread).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/net.h"
+
+namespace mori_torch {
+
+class SocketReader {
+ public:
+  explicit SocketReader(size_t capacity) : cap_(capacity) {}
+  // Reads `fd` from now on; anything buffered from before is dropped.
+  void Attach(int fd);
+  int fd() const { return fd_; }
+  size_t buffered() const { return end_ - pos_; }
+  // The buffered bytes (valid until the next call).
+  const char* data() const { return buf_.get() + pos_; }
+  // One non-blocking recv into the free space: the bytes added, 0 if none
+  // were queued (or the buffer is full), -1 if the peer closed the
+  // connection or it failed. Bytes count as progress on `progress`.
+  ssize_t FillNow(std::atomic<int64_t>* progress = nullptr);
+  // True once the last FillNow found nothing queued and nothing is buffered:
+  // the socket was drained just now (no poll needed to know it).
+  bool drained() const { return drained_ && buffered() == 0; }
+  // True if `n` bytes can be read now without waiting: buffered already, or
+  // after one FillNow, or queued in the socket beyond the buffer (FIONREAD).
+  bool Ready(size_t n, std::atomic<int64_t>* progress = nullptr);
+  // As the free functions of net.h, buffered bytes first.
+  IoResult ReadFull(void* dst, size_t n, const IoDeadline& deadline);
+  IoResult ReadVFull(std::vector<iovec>& iov, const IoDeadline& deadline);
+  // Buffered bytes are copied only after the same check the socket's
+  // receives get (PeerAbandoned): nothing lands once the peer gave up.
+  IoResult ReadVFullFenced(std::vector<iovec>& iov, const IoDeadline& deadline);
+  IoResult Discard(uint64_t n, const IoDeadline& deadline);
+
+ private:
+  // Copies buffered bytes into the front of `iov`, advancing its entries in
+  // place; returns how many.
+  size_t Drain(std::vector<iovec>& iov);
+
+  const size_t cap_;
+  std::unique_ptr<char[]> buf_;  // made on first use
+  size_t pos_ = 0, end_ = 0;
+  int fd_ = -1;
+  bool drained_ = false;
+};
+
+}  // namespace mori_torch
