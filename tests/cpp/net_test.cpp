@@ -3,7 +3,8 @@
 // capped at kFencedReceiveMax, and nothing more is received once the peer
 // reset the connection. The read-ahead reader (core/socket_reader.h): the
 // same byte stream whichever way it is split between buffer and socket,
-// readiness without waiting, and the same fence for buffered bytes.
+// readiness without waiting, and the same fence for buffered bytes. The
+// send-room bound of the TCP backend's inline path (tcp_inline.h).
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/tcp/tcp_inline.h"
 #include "core/net.h"
 #include "core/socket_reader.h"
 
@@ -175,6 +177,30 @@ TEST(SocketReaderTest, BufferedBytesAreFencedLikeTheSocketsOnes) {
   ASSERT_FALSE(r.ok);
   EXPECT_NE(r.error.find("fenced receive"), std::string::npos) << r.error;
   EXPECT_EQ(std::count(got.begin(), got.end(), 0), static_cast<long>(got.size()));  // nothing written
+}
+
+TEST(SendRoomTest, WhatFitsIsSentWithoutWaitingAndItSaysNoOnceTheBufferIsFull) {
+  Connection c = Loopback();
+  SetBufferSizes(c.sender.fd(), 64 << 10, 0);
+  SetBufferSizes(c.receiver.fd(), 0, 64 << 10);
+  tcp::SendRoom room;
+  room.Attach(c.sender.fd());
+  // The receiver never reads: its window fills, then the sender's queue.
+  const std::vector<char> msg(4096, 'x');
+  size_t sent = 0;
+  while (room.Fits(msg.size())) {
+    // Fits: one non-blocking send takes all of it.
+    ASSERT_EQ(::send(c.sender.fd(), msg.data(), msg.size(), MSG_DONTWAIT), static_cast<ssize_t>(msg.size()))
+        << "after " << sent << " bytes";
+    room.Wrote(msg.size());
+    sent += msg.size();
+    ASSERT_LT(sent, size_t{64} << 20) << "never said no";
+  }
+  int sndbuf = 0;
+  socklen_t len = sizeof(sndbuf);
+  ASSERT_EQ(::getsockopt(c.sender.fd(), SOL_SOCKET, SO_SNDBUF, &sndbuf, &len), 0);
+  EXPECT_GT(BytesUnsent(c.sender.fd()) + msg.size(), static_cast<size_t>(sndbuf) / 2) << "said no with room left";
+  EXPECT_GT(sent, static_cast<size_t>(sndbuf) / 2) << "the receiver's window took some too";
 }
 
 }  // namespace

@@ -80,7 +80,7 @@ bool TcpBackend::AdoptData(const EngineDesc& peer, InboundConnection& conn) {
   SetBufferSizes(fd, static_cast<int>(cfg_.sock_sndbuf_bytes), static_cast<int>(cfg_.sock_rcvbuf_bytes));
   SetKeepalive(fd, cfg_.enable_keepalive, static_cast<int>(cfg_.keepalive_idle_sec),
                static_cast<int>(cfg_.keepalive_intvl_sec), static_cast<int>(cfg_.keepalive_cnt));
-  in->sndbuf = SendBufferBytes(fd);
+  in->room.Attach(fd);
   in->reader.Attach(fd);
   {
     std::lock_guard<std::mutex> lk(inbound_mu_);
@@ -116,7 +116,6 @@ void TcpBackend::OnInboundEvent(const InboundPtr& in, uint32_t events) {
 }
 
 bool TcpBackend::ReadyInline(Inbound& in) const {
-  const int fd = in.conn.sock.fd();
   RequestHeader h;
   // Anything unusual (a malformed header, a retry that may wait for its
   // earlier attempt, GPU memory) is the workers' to handle.
@@ -131,7 +130,7 @@ bool TcpBackend::ReadyInline(Inbound& in) const {
   if (!in.reader.Ready(RequestWireBytes(op, h.num_segs, h.total_bytes))) return false;
   if (op == Op::Notice) return true;  // no response, no memory
   const uint64_t response = kWireAlign + kMaxMessageBytes + (op == Op::Read ? WireRound(h.total_bytes) : 0);
-  if (!SendFitsNow(fd, response, in.sndbuf)) return false;
+  if (!in.room.Fits(response)) return false;
   auto m = ctx_.memory->Find(h.mem_id);  // where it lives; ServeRequest checks the rest
   return m && m->desc.loc == MemoryLocationType::CPU;
 }
@@ -280,6 +279,14 @@ bool TcpBackend::ServeRequest(Inbound& in) {
     if (!r.ok) return false;
   }
   ResponseHeader rh{kResponseMagic, static_cast<uint16_t>(code), static_cast<uint16_t>(msg.size()), h.req_id, 0};
+  // Every byte of the response counts against the send buffer's room.
+  auto write_counted = [&](std::vector<iovec>& v) {
+    uint64_t n = 0;
+    for (const iovec& e : v) n += e.iov_len;
+    IoResult w = WriteVFull(fd, v, deadline);
+    if (w.ok) in.room.Wrote(n);
+    return w;
+  };
   iov.clear();
   iov.push_back({&rh, sizeof(rh)});
   if (!msg.empty()) iov.push_back({&msg[0], msg.size()});
@@ -287,9 +294,10 @@ bool TcpBackend::ServeRequest(Inbound& in) {
   if (op == Op::Read && code == StatusCode::SUCCESS) {
     rh.payload_bytes = h.total_bytes;
     if (gpu_mem) {
-      r = WriteVFull(fd, iov, deadline);
+      r = write_counted(iov);
       iov.clear();
       if (r.ok) r = SendStaged(fd, **staging, device_bytes, deadline);
+      in.room.Wrote(h.total_bytes);
       if (!r.ok) {
         MORI_LOG(Warning, "TCP read from GPU memory for '" << peer.key << "': " << r.error << "; closing");
         return false;
@@ -299,7 +307,7 @@ bool TcpBackend::ServeRequest(Inbound& in) {
     }
     AppendPadding(h.total_bytes, &iov);
   }
-  r = WriteVFull(fd, iov, deadline);
+  r = write_counted(iov);
   use.reset();
   if (!r.ok) return false;
   if (op == Op::Write && code == StatusCode::SUCCESS && (h.flags & kFlagNotify)) {

@@ -73,7 +73,7 @@ class TcpBackend : public Backend {
     EngineDesc peer;
     InboundConnection conn;
     std::unique_ptr<gpu::StagingSet> staging;  // for GPU memory, taken on first use
-    int sndbuf = 0;                            // SO_SNDBUF (tcp_inline.h)
+    SendRoom room;                             // for inline responses (tcp_inline.h)
     SocketReader reader{kReadAheadBytes};      // every read of the connection goes through it
   };
   using InboundPtr = std::shared_ptr<Inbound>;

@@ -89,17 +89,11 @@ bool DataConn::SmallForInline(const Part& p) const {
                                 p.segs.size() <= kInlineMaxSegments && p.attempt == 0);
 }
 
-bool DataConn::SendInlineLocked(const Part& p) const {
+bool DataConn::SendInlineLocked(const Part& p) {
   if (!connected_ || send_scheduled_ || !send_q_.empty() || cfg_.inline_max_bytes == 0 || !SmallForInline(p)) {
     return false;
   }
-  const uint64_t bytes = RequestWireBytes(p.op, p.segs.size(), p.total);
-  // Nothing in flight: every request sent was answered, and the target read
-  // it and all before it, so the send queue holds at most the one notice
-  // sent after the last answer (and bytes the peer read but did not yet
-  // acknowledge): no need to ask the kernel (one ioctl per small transfer).
-  if (inflight_.empty() && bytes + kReadAheadBytes <= static_cast<uint64_t>(sndbuf_) / 2) return true;
-  return SendFitsNow(sock_.fd(), bytes, sndbuf_);
+  return room_.Fits(RequestWireBytes(p.op, p.segs.size(), p.total));
 }
 
 void DataConn::Enqueue(PartPtr p) {
@@ -260,7 +254,7 @@ bool DataConn::Connect() {
   if (broken_) return false;
   sock_ = std::move(s);
   reader_.Attach(sock_.fd());
-  sndbuf_ = SendBufferBytes(sock_.fd());
+  room_.Attach(sock_.fd());
   connected_ = true;
   progress_ms_.store(SteadyMs());
   // Responses are awaited on the event loop; its idle reports (at least once
@@ -346,6 +340,7 @@ void DataConn::SendQueued(int max_batches) {
 IoResult DataConn::SendBatch(const std::vector<PartPtr>& batch) {
   std::vector<iovec> iov;
   const IoDeadline deadline = Bound(*batch.front());
+  for (auto& p : batch) room_.Wrote(RequestWireBytes(p->op, p->table.size(), p->total));  // on failure the conn breaks
   for (auto& p : batch) {
     iov.push_back({&p->hdr, sizeof(p->hdr)});
     if (!p->table.empty()) iov.push_back({p->table.data(), p->table.size() * sizeof(WireSegment)});

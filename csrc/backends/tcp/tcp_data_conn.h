@@ -109,7 +109,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // mu_ held: true if `p` may be sent by the submitting thread itself
   // (tcp_inline.h): small, of host memory, nothing else queued or being
   // sent, connected, and it fits the send buffer now.
-  bool SendInlineLocked(const Part& p) const;
+  bool SendInlineLocked(const Part& p);
   // Small enough for a thread that must not wait (tcp_inline.h).
   bool SmallForInline(const Part& p) const;
   // True if the response at the head of the stream is for a small request
@@ -165,7 +165,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // (GPU read payloads), taken from staging_ on first use under mu_.
   std::unique_ptr<gpu::StagingSet> send_staging_, recv_staging_;
   DataConnWorkers workers_;
-  int sndbuf_ = 0;  // SO_SNDBUF, set with sock_
+  SendRoom room_;  // of sock_, for inline sends (tcp_inline.h); set with it
   // Reused by the receive job.
   std::vector<iovec> recv_iov_;
   // Every read of the socket goes through it (the thread that holds the

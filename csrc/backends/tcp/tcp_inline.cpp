@@ -7,14 +7,18 @@
 namespace mori_torch {
 namespace tcp {
 
-int SendBufferBytes(int fd) {
+void SendRoom::Attach(int fd) {
+  fd_ = fd;
   int v = 0;
   socklen_t len = sizeof(v);
-  return ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, &len) == 0 ? v : 0;
+  half_ = ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, &len) == 0 && v > 0 ? static_cast<uint64_t>(v) / 2 : 0;
+  bound_ = 0;
 }
 
-bool SendFitsNow(int fd, uint64_t bytes, int sndbuf) {
-  return BytesUnsent(fd) + bytes <= static_cast<uint64_t>(sndbuf) / 2;
+bool SendRoom::Fits(uint64_t bytes) {
+  if (bound_ + bytes <= half_) return true;
+  bound_ = BytesUnsent(fd_);
+  return bound_ + bytes <= half_;
 }
 
 uint64_t RequestWireBytes(Op op, uint64_t num_segs, uint64_t total_bytes) {

@@ -10,8 +10,8 @@
 // goes to the workers as before (TcpBackendConfig.inline_max_bytes: the
 // size bound, 0: never). Each end reads its connections through a
 // read-ahead buffer (core/socket_reader.h), so that a small message costs
-// one recv; the submitting thread asks the kernel for send-buffer room only
-// while requests are in flight.
+// one recv, and asks the kernel for send-buffer room only when it may be
+// short (SendRoom).
 #pragma once
 
 #include <cstddef>
@@ -33,12 +33,25 @@ constexpr size_t kReadAheadBytes = 16 << 10;
 // busy connection cannot keep the loop from the others: more go to a worker.
 constexpr int kInlineMaxPerEvent = 32;
 
-// SO_SNDBUF of fd (what the kernel reports: twice what was asked for).
-int SendBufferBytes(int fd);
-// True if `bytes` more can be written to fd now without waiting: the bytes
-// not yet acknowledged plus these fit in half its send buffer (`sndbuf`,
-// from SendBufferBytes; the other half is the kernel's bookkeeping).
-bool SendFitsNow(int fd, uint64_t bytes, int sndbuf);
+// Whether more bytes can be written to a socket now without waiting: the
+// bytes not yet acknowledged plus these fit in half its send buffer
+// (SO_SNDBUF as the kernel reports it; the other half is the kernel's
+// bookkeeping). The kernel is asked (TIOCOUTQ, a system call) only when an
+// upper bound kept here says they might not fit: what it reported at the
+// last ask plus every byte written since. So a conversation of small
+// messages asks once per many of them, not once per message. Used by the
+// holder of the connection's send turn (one thread at a time).
+class SendRoom {
+ public:
+  void Attach(int fd);
+  bool Fits(uint64_t bytes);
+  void Wrote(uint64_t bytes) { bound_ += bytes; }
+
+ private:
+  int fd_ = -1;
+  uint64_t half_ = 0;   // half of SO_SNDBUF
+  uint64_t bound_ = 0;  // >= the bytes not yet acknowledged
+};
 // The bytes a request takes on the wire: header, table, padding, and for a
 // write its payload.
 uint64_t RequestWireBytes(Op op, uint64_t num_segs, uint64_t total_bytes);
