@@ -65,6 +65,22 @@ def attend(pages, query):
     return (weights[:, None] * keys).sum(dim=0)
 
 
+def describe_mismatch(got, want, expected_pages, local_blocks, remote_blocks):
+    """Which pulled pages are wrong and what they hold instead (all zeros: never
+    written; another prefill page: a wrong index; else foreign bytes)."""
+    bad = [i for i in range(got.shape[0]) if not torch.equal(got[i], want[i])]
+    flat = expected_pages.reshape(expected_pages.shape[0], -1)
+    notes = []
+    for i in bad[:4]:
+        page = got[i].reshape(-1)
+        same = (flat == page).all(dim=1).nonzero().flatten().tolist()
+        wrong_rows = (got[i] != want[i]).any(dim=1).nonzero().flatten().tolist()
+        what = ("zeros" if not page.any() else f"prefill page {same[0]}" if same else "other bytes")
+        notes.append(f"local page {int(local_blocks[i])} (remote {int(remote_blocks[i])}): {what}, "
+                     f"rows {wrong_rows[0]}..{wrong_rows[-1]} of {got.shape[1]} wrong")
+    return f"{len(bad)} of {got.shape[0]} pages; " + "; ".join(notes)
+
+
 def make_engine(key, backend):
     engine = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
     if backend == "xgmi":
@@ -130,7 +146,8 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
         got = kv.view(torch.bfloat16).view(num_pages, rows, HEAD_DIM)[local_blocks]
         want = expected_pages[remote_blocks]
         if not torch.equal(got, want):
-            raise SystemExit(f"iteration {it}: pulled pages differ from the prefill's")
+            raise SystemExit(f"iteration {it}: pulled pages differ from the prefill's: "
+                             f"{describe_mismatch(got, want, expected_pages, local_blocks, remote_blocks)}")
         ref = attend(want, query)
         if not torch.allclose(out, ref, rtol=1e-4, atol=1e-4):
             raise SystemExit(f"iteration {it}: output differs from the eager reference")

@@ -72,6 +72,7 @@ IoResult SocketReader::ReadFull(void* dst, size_t n, const IoDeadline& deadline)
 
 IoResult SocketReader::ReadVFull(std::vector<iovec>& iov, const IoDeadline& deadline) {
   Drain(iov);
+  drained_ = false;  // the socket is read directly: what FillNow found is stale
   return mori_torch::ReadVFull(fd_, iov, deadline);
 }
 
@@ -85,12 +86,14 @@ IoResult SocketReader::ReadVFullFenced(std::vector<iovec>& iov, const IoDeadline
     }
     Drain(iov);
   }
+  drained_ = false;
   return mori_torch::ReadVFullFenced(fd_, iov, deadline);
 }
 
 IoResult SocketReader::Discard(uint64_t n, const IoDeadline& deadline) {
   const size_t take = static_cast<size_t>(std::min<uint64_t>(n, buffered()));
   pos_ += take;
+  drained_ = false;
   return mori_torch::Discard(fd_, n - take, deadline);
 }
 

@@ -34,9 +34,12 @@ class SocketReader {
   // were queued (or the buffer is full), -1 if the peer closed the
   // connection or it failed. Bytes count as progress on `progress`.
   ssize_t FillNow(std::atomic<int64_t>* progress = nullptr);
-  // True once the last FillNow found nothing queued and nothing is buffered:
-  // the socket was drained just now (no poll needed to know it).
+  // True once the last FillNow found nothing queued, nothing is buffered and
+  // the socket was not read since: it was drained just now (no poll needed
+  // to know it). Only for the event that called FillNow: a new readiness
+  // report means more may have come (NewEvent forgets it).
   bool drained() const { return drained_ && buffered() == 0; }
+  void NewEvent() { drained_ = false; }
   // True if `n` bytes can be read now without waiting: buffered already, or
   // after one FillNow, or queued in the socket beyond the buffer (FIONREAD).
   bool Ready(size_t n, std::atomic<int64_t>* progress = nullptr);

@@ -158,6 +158,37 @@ TEST(SocketReaderTest, OneStreamWhateverTheSplitBetweenBufferAndSocket) {
   EXPECT_FALSE(in.drained());
 }
 
+// drained() vouches for the socket only until it is read directly or a new
+// readiness event comes: a stale "drained" re-arms a level-triggered watch
+// with bytes queued, which fires again at once, for ever.
+TEST(SocketReaderTest, DrainedIsForgottenOnceTheSocketIsReadOrANewEventComes) {
+  Connection c = Loopback();
+  const IoDeadline d(DeadlineAfterMs(5000));
+  SocketReader in(4096);
+  in.Attach(c.receiver.fd());
+  const std::vector<uint8_t> first = Pattern(100);
+  ASSERT_TRUE(WriteFull(c.sender.fd(), first.data(), 10, d).ok);
+  ASSERT_TRUE(WaitReadable(c.receiver.fd(), 5000));
+  EXPECT_FALSE(in.Ready(100)) << "10 of 100 bytes";
+  EXPECT_FALSE(in.Ready(100)) << "and nothing more queued";
+  EXPECT_EQ(in.buffered(), 10u);
+  // The rest of the message comes and is read past the buffer.
+  ASSERT_TRUE(WriteFull(c.sender.fd(), first.data() + 10, 90, d).ok);
+  std::vector<uint8_t> got(100);
+  ASSERT_TRUE(in.ReadFull(got.data(), got.size(), d).ok);
+  EXPECT_EQ(got, first);
+  EXPECT_FALSE(in.drained()) << "read directly since the empty FillNow";
+  ASSERT_EQ(in.FillNow(), 0);
+  EXPECT_TRUE(in.drained());
+  in.NewEvent();
+  EXPECT_FALSE(in.drained());
+  ASSERT_EQ(in.FillNow(), 0);
+  ASSERT_TRUE(in.drained());
+  ASSERT_TRUE(WriteFull(c.sender.fd(), first.data(), 5, d).ok);
+  ASSERT_TRUE(in.Discard(5, d).ok);
+  EXPECT_FALSE(in.drained()) << "a discard reads the socket";
+}
+
 TEST(SocketReaderTest, BufferedBytesAreFencedLikeTheSocketsOnes) {
   Connection c = Loopback();
   const std::vector<uint8_t> payload = Pattern(64 << 10);

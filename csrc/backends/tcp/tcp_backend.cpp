@@ -104,6 +104,7 @@ void TcpBackend::OnInboundEvent(const InboundPtr& in, uint32_t events) {
     return DropInbound(in);
   }
   const int fd = in->conn.sock.fd();
+  in->reader.NewEvent();
   for (int n = 0; n < kInlineMaxPerEvent && ReadyInline(*in); ++n) {
     if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
   }

@@ -379,6 +379,7 @@ bool DataConn::ResponseReadyInline() {
 
 void DataConn::OnSocketEvent(uint32_t events) {
   if (events != EventLoop::kIdle) {
+    reader_.NewEvent();  // the inline loop may return before asking the socket
     // Whole responses of small requests are read here (tcp_inline.h); the
     // rest, a hang-up or stray bytes go to a receive job.
     for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
