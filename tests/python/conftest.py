@@ -2,6 +2,7 @@
 other processes (real sockets, real processes)."""
 import multiprocessing as mp
 import os
+import signal
 import sys
 
 import pytest
@@ -119,6 +120,14 @@ def _target_main(conn, key, nbytes, tcp_kwargs, opts):
             eng.shutdown()
             conn.send(True)
             return
+
+
+def resume(pid):
+    """SIGCONT for a process a test froze (SIGSTOP); gone already is fine."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 class RemoteTarget:

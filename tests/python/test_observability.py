@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from conftest import Pair, RemoteTarget, make_engine, pattern, unique_key, wait_ok
+from conftest import Pair, RemoteTarget, make_engine, pattern, resume, unique_key, wait_ok
 from mori_torch import log as mlog
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, StatusCode
 
@@ -141,10 +141,7 @@ def test_stats_in_flight_and_a_failed_transfer():
         assert tcp["bytes_written"] == 64 + (4 << 20)  # the failed one's bytes do not count
         _invariant(tcp)
     finally:
-        try:
-            os.kill(target.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        resume(target.pid)
         init.shutdown()
         target.close()
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import RemoteTarget, make_engine, pattern, wait_ok
+from conftest import RemoteTarget, make_engine, pattern, resume, wait_ok
 from mori_torch.io import StatusCode
 
 
@@ -124,4 +124,57 @@ def test_restarted_peer_is_reached_again():
         wait_ok(init.write(ld, 0, second.mem_desc, 0, 1 << 16, init.allocate_transfer_uid()))
     finally:
         second.close()
+        init.shutdown()
+
+
+def test_submitting_threads_never_wait_for_a_full_send_buffer():
+    """Small writes are sent by the thread that submits them only while they
+    fit the socket's send buffer; the rest waits for the sender threads.
+    With the target frozen the buffers fill, and no submitting call may
+    wait for the peer to read again (8 threads at once, so a thread that
+    takes the sender's turn also finds other threads' writes queued: it
+    sends only those that still fit). Every byte lands once the target
+    runs again."""
+    import threading
+
+    tgt = RemoteTarget(nbytes=32 << 20, num_data_conns=1, sock_rcvbuf_bytes=64 << 10)
+    init = make_engine("init-room", num_data_conns=1, sock_sndbuf_bytes=64 << 10, op_timeout_ms=60000)
+    try:
+        init.register_remote_engine(tgt.engine_desc)
+        local = pattern(32 << 20, 21)
+        ld = init.register_torch_tensor(local)
+        wait_ok(init.write(ld, 0, tgt.mem_desc, 0, 4096, init.allocate_transfer_uid()))  # connected
+        os.kill(tgt.pid, signal.SIGSTOP)
+        # Writes just under inline_max_bytes (64 KiB), so that two of them
+        # fill the send buffer; 24 MiB in all, many times both buffers.
+        threads, size, per_thread = 8, 60 << 10, 50
+        slowest, statuses = [0.0] * threads, [[] for _ in range(threads)]
+
+        def submit(t):
+            for i in range(per_thread):
+                off = (t * per_thread + i) * size
+                t0 = time.perf_counter()
+                st = init.write(ld, off, tgt.mem_desc, off, size, init.allocate_transfer_uid())
+                slowest[t] = max(slowest[t], time.perf_counter() - t0)
+                statuses[t].append(st)
+
+        workers = [threading.Thread(target=submit, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        stuck = any(w.is_alive() for w in workers)
+        os.kill(tgt.pid, signal.SIGCONT)
+        for w in workers:
+            w.join(60)
+        assert not stuck, "a submitting thread waited for the frozen peer"
+        assert max(slowest) < 2.0, f"slowest submitting call {max(slowest):.2f} s while the peer was frozen"
+        for sts in statuses:
+            for st in sts:
+                wait_ok(st, timeout_ms=60000)
+        end = threads * per_thread * size
+        assert tgt.call("get", (0, end)) == bytes(local[:end].numpy())
+    finally:
+        resume(tgt.pid)
+        tgt.close()
         init.shutdown()

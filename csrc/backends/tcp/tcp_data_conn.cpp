@@ -303,11 +303,18 @@ void DataConn::SendQueued(int max_batches) {
         send_scheduled_ = false;
         break;  // the workers are gone: broken below
       }
-      uint64_t bytes = 0;
-      const bool here = max_batches >= 0;  // the submitting thread: only what cannot wait
+      uint64_t bytes = 0, wire = 0;
+      // The submitting thread (or the loop, sending a notice) must not wait:
+      // it takes only small parts that fit the send buffer now, together
+      // (SendInlineLocked checked the first alone; others may have come since).
+      const bool here = max_batches >= 0;
+      auto fits_here = [&](const Part& p) {
+        return SmallForInline(p) && room_.Fits(wire + RequestWireBytes(p.op, p.segs.size(), p.total));
+      };
       while (!send_q_.empty() && batch.size() < kMaxPartsPerSend && bytes < kMaxBytesPerSend &&
-             (!here || SmallForInline(*send_q_.front()))) {
+             (!here || fits_here(*send_q_.front()))) {
         PartPtr p = std::move(send_q_.front());
+        wire += RequestWireBytes(p->op, p->segs.size(), p->total);
         send_q_.pop_front();
         if (!Prepare(*p)) continue;
         bytes += p->op == Op::Write ? p->total : 0;
