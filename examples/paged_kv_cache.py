@@ -26,6 +26,7 @@ those bytes.
 """
 import argparse
 import multiprocessing as mp
+import sys
 import time
 
 import torch
@@ -65,20 +66,35 @@ def attend(pages, query):
     return (weights[:, None] * keys).sum(dim=0)
 
 
-def describe_mismatch(got, want, expected_pages, local_blocks, remote_blocks):
+def describe_mismatch(got, want, expected_pages, local_blocks, remote_blocks, repull):
     """Which pulled pages are wrong and what they hold instead (all zeros: never
-    written; another prefill page: a wrong index; else foreign bytes)."""
+    written; another prefill page: a wrong index; bytes found elsewhere in the
+    prefill cache: an offset; else foreign bytes), and whether pulling them
+    again with a plain session read (`repull`, off the stream) gets them right."""
     bad = [i for i in range(got.shape[0]) if not torch.equal(got[i], want[i])]
     flat = expected_pages.reshape(expected_pages.shape[0], -1)
+    cache = expected_pages.view(torch.uint8).cpu().numpy().tobytes()
+    page_bytes = flat.shape[1] * flat.element_size()
     notes = []
     for i in bad[:4]:
         page = got[i].reshape(-1)
         same = (flat == page).all(dim=1).nonzero().flatten().tolist()
         wrong_rows = (got[i] != want[i]).any(dim=1).nonzero().flatten().tolist()
-        what = ("zeros" if not page.any() else f"prefill page {same[0]}" if same else "other bytes")
+        if not page.any():
+            what = "zeros"
+        elif same:
+            what = f"prefill page {same[0]}"
+        else:
+            head = got[i].reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+            at = cache.find(head)
+            what = (f"bytes of the prefill cache from byte {at} (page {at // page_bytes} + {at % page_bytes})"
+                    if at >= 0 else "bytes found nowhere in the prefill cache")
         notes.append(f"local page {int(local_blocks[i])} (remote {int(remote_blocks[i])}): {what}, "
                      f"rows {wrong_rows[0]}..{wrong_rows[-1]} of {got.shape[1]} wrong")
-    return f"{len(bad)} of {got.shape[0]} pages; " + "; ".join(notes)
+    again = repull([int(local_blocks[i]) for i in bad], [int(remote_blocks[i]) for i in bad])
+    right = sum(torch.equal(a, want[i]) for a, i in zip(again, bad))
+    return (f"{len(bad)} of {got.shape[0]} pages; " + "; ".join(notes) +
+            f"; pulled again by a session read, {right} of {len(bad)} are right")
 
 
 def make_engine(key, backend):
@@ -106,7 +122,10 @@ def prefill(conn, store_port, num_pages, page_bytes, backend):
     conn.recv()  # "done"
     directory.close()
     engine.shutdown()
-    conn.send("bye")
+    # Nothing may have written the cache: only reads came.
+    want = page_pattern(num_pages, page_bytes, "cuda").view(torch.uint8).reshape(-1)
+    changed = (cache != want).view(num_pages, -1).any(dim=1).nonzero().flatten().tolist()
+    conn.send(changed)
 
 
 def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, iters, backend):
@@ -119,6 +138,15 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
     if sess is None:
         raise SystemExit(f"no {backend} session between cuda:0 and the prefill's cuda:{prefill_device()}")
     h = ops.session_handle(sess)
+
+    def repull(local_pages, remote_pages):
+        # The same pages again through a plain session read (no stream, no graph).
+        offsets = [b * page_bytes for b in local_pages]
+        wait = sess.batch_read(offsets, [b * page_bytes for b in remote_pages], [page_bytes] * len(offsets),
+                               sess.allocate_transfer_uid())
+        wait.Wait()
+        pages = kv.view(torch.bfloat16).view(num_pages, rows, HEAD_DIM)
+        return [pages[b] for b in local_pages]
     torch._dynamo.mark_static_address(kv)
 
     def step(kv, local_blocks, remote_blocks, query):
@@ -147,7 +175,7 @@ def decode(remote_engine, remote_mem, num_pages, page_bytes, pages_per_step, ite
         want = expected_pages[remote_blocks]
         if not torch.equal(got, want):
             raise SystemExit(f"iteration {it}: pulled pages differ from the prefill's: "
-                             f"{describe_mismatch(got, want, expected_pages, local_blocks, remote_blocks)}")
+                             f"{describe_mismatch(got, want, expected_pages, local_blocks, remote_blocks, repull)}")
         ref = attend(want, query)
         if not torch.allclose(out, ref, rtol=1e-4, atol=1e-4):
             raise SystemExit(f"iteration {it}: output differs from the eager reference")
@@ -213,13 +241,18 @@ def main():
         remote_engine, remote_mem = entry.engine_desc.pack(), entry.memories["cache"].pack()
         decode(remote_engine, remote_mem, args.pages, page_bytes, args.pages_per_step, args.iters, args.backend)
     finally:
+        changed = []
         try:
             parent.send("done")
-            parent.poll(30) and parent.recv()
+            changed = parent.recv() if parent.poll(30) else []
+            if changed:
+                print(f"the prefill's cache changed under the pulls: pages {changed[:16]}", file=sys.stderr)
         except (BrokenPipeError, EOFError):
             pass  # the prefill already exited
         proc.join(30)
         directory.close()
+    if changed:
+        raise SystemExit("the prefill's cache changed although it was only read")
 
 
 if __name__ == "__main__":
