@@ -8,11 +8,26 @@
 #include <string>
 
 namespace mori_torch {
+namespace {
+
+bool Wanted(const std::vector<iovec>& iov) {
+  for (const iovec& v : iov) {
+    if (v.iov_len > 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 void SocketReader::Attach(int fd) {
   fd_ = fd;
   pos_ = end_ = 0;
   drained_ = false;
+  failed_errno_ = 0;
+}
+
+IoResult SocketReader::Failed() const {
+  return IoResult::Fail("recvmsg: " + std::string(std::strerror(failed_errno_)));
 }
 
 ssize_t SocketReader::FillNow(std::atomic<int64_t>* progress) {
@@ -39,6 +54,7 @@ ssize_t SocketReader::FillNow(std::atomic<int64_t>* progress) {
       drained_ = true;
       return 0;
     }
+    failed_errno_ = errno;
     return -1;
   }
 }
@@ -73,20 +89,20 @@ IoResult SocketReader::ReadFull(void* dst, size_t n, const IoDeadline& deadline)
 IoResult SocketReader::ReadVFull(std::vector<iovec>& iov, const IoDeadline& deadline) {
   Drain(iov);
   drained_ = false;  // the socket is read directly: what FillNow found is stale
+  if (failed_errno_ != 0 && Wanted(iov)) return Failed();
   return mori_torch::ReadVFull(fd_, iov, deadline);
 }
 
 IoResult SocketReader::ReadVFullFenced(std::vector<iovec>& iov, const IoDeadline& deadline) {
   if (buffered() > 0) {
-    bool wanted = false;
-    for (const iovec& v : iov) wanted = wanted || v.iov_len > 0;
-    if (wanted && PeerAbandoned(fd_)) {
+    if (Wanted(iov) && PeerAbandoned(fd_)) {
       return IoResult::Fail("fenced receive (the peer abandoned the connection; nothing more is written): " +
                             std::string(std::strerror(ECONNABORTED)));
     }
     Drain(iov);
   }
   drained_ = false;
+  if (failed_errno_ != 0 && Wanted(iov)) return Failed();
   return mori_torch::ReadVFullFenced(fd_, iov, deadline);
 }
 
@@ -94,6 +110,7 @@ IoResult SocketReader::Discard(uint64_t n, const IoDeadline& deadline) {
   const size_t take = static_cast<size_t>(std::min<uint64_t>(n, buffered()));
   pos_ += take;
   drained_ = false;
+  if (failed_errno_ != 0 && n > take) return Failed();
   return mori_torch::Discard(fd_, n - take, deadline);
 }
 

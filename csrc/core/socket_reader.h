@@ -61,6 +61,10 @@ class SocketReader {
   size_t pos_ = 0, end_ = 0;
   int fd_ = -1;
   bool drained_ = false;
+  // The error a FillNow's recv took from the socket (ECONNRESET clears it
+  // there): the next read reports it instead of a plain close.
+  int failed_errno_ = 0;
+  IoResult Failed() const;
 };
 
 }  // namespace mori_torch

@@ -9,8 +9,10 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -187,6 +189,21 @@ TEST(SocketReaderTest, DrainedIsForgottenOnceTheSocketIsReadOrANewEventComes) {
   ASSERT_TRUE(WriteFull(c.sender.fd(), first.data(), 5, d).ok);
   ASSERT_TRUE(in.Discard(5, d).ok);
   EXPECT_FALSE(in.drained()) << "a discard reads the socket";
+}
+
+// A reset that the read-ahead's recv takes from the socket (which clears it
+// there) is what the next read reports, not a plain close.
+TEST(SocketReaderTest, AResetTakenByTheReadAheadIsReportedAsSuch) {
+  Connection c = Loopback();
+  SocketReader in(4096);
+  in.Attach(c.receiver.fd());
+  c.sender.Abort();
+  ASSERT_TRUE(WaitReadable(c.receiver.fd(), 5000));
+  ASSERT_EQ(in.FillNow(), -1);
+  char b[8];
+  IoResult r = in.ReadFull(b, sizeof(b), IoDeadline(DeadlineAfterMs(5000)));
+  ASSERT_FALSE(r.ok);
+  EXPECT_NE(r.error.find(std::strerror(ECONNRESET)), std::string::npos) << r.error;
 }
 
 TEST(SocketReaderTest, BufferedBytesAreFencedLikeTheSocketsOnes) {

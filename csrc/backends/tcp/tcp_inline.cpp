@@ -12,7 +12,7 @@ void SendRoom::Attach(int fd) {
   int v = 0;
   socklen_t len = sizeof(v);
   half_ = ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, &len) == 0 && v > 0 ? static_cast<uint64_t>(v) / 2 : 0;
-  bound_ = 0;
+  bound_ = BytesUnsent(fd);  // a handshake reply may still be queued
 }
 
 bool SendRoom::Fits(uint64_t bytes) {
