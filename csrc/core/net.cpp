@@ -277,7 +277,7 @@ IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& dead
         }
         return RecvAtMost(f, m, kFencedReceiveMax);
       },
-      "fenced receive (the peer abandoned the connection; nothing more is written)");
+      kFencedReceive);
 }
 
 IoResult WriteVFull(int fd, std::vector<iovec>& iov, const IoDeadline& deadline) {

@@ -109,6 +109,9 @@ bool PeerAbandoned(int fd);
 // kFencedReceiveMax bytes, which bounds what can land after the peer gave up
 // (docs/SECURITY.md, "No late writes").
 constexpr size_t kFencedReceiveMax = size_t{1} << 20;
+// What a fenced receive that stops because the peer gave up reports (before
+// ": " and the text of ECONNABORTED).
+constexpr const char* kFencedReceive = "fenced receive (the peer abandoned the connection; nothing more is written)";
 IoResult ReadVFullFenced(int fd, std::vector<iovec>& iov, const IoDeadline& deadline);
 // One non-blocking recvmsg of at most `cap` bytes into m's iovecs: the entry
 // that crosses the cap is shortened for this call and restored after it, so

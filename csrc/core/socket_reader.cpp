@@ -66,19 +66,21 @@ bool SocketReader::Ready(size_t n, std::atomic<int64_t>* progress) {
   return !drained_ && buffered() + BytesReadable(fd_) >= n;
 }
 
-size_t SocketReader::Drain(std::vector<iovec>& iov) {
-  size_t copied = 0;
+void SocketReader::Drain(std::vector<iovec>& iov) {
   for (iovec& v : iov) {
     if (buffered() == 0) break;
     const size_t take = std::min(v.iov_len, buffered());
     if (take == 0) continue;
     std::memcpy(v.iov_base, buf_.get() + pos_, take);
     pos_ += take;
-    copied += take;
     v.iov_base = static_cast<char*>(v.iov_base) + take;
     v.iov_len -= take;
   }
-  return copied;
+}
+
+bool SocketReader::SocketFailed(bool wanted) {
+  drained_ = false;  // the socket is read directly: what FillNow found is stale
+  return failed_errno_ != 0 && wanted;
 }
 
 IoResult SocketReader::ReadFull(void* dst, size_t n, const IoDeadline& deadline) {
@@ -88,29 +90,25 @@ IoResult SocketReader::ReadFull(void* dst, size_t n, const IoDeadline& deadline)
 
 IoResult SocketReader::ReadVFull(std::vector<iovec>& iov, const IoDeadline& deadline) {
   Drain(iov);
-  drained_ = false;  // the socket is read directly: what FillNow found is stale
-  if (failed_errno_ != 0 && Wanted(iov)) return Failed();
+  if (SocketFailed(Wanted(iov))) return Failed();
   return mori_torch::ReadVFull(fd_, iov, deadline);
 }
 
 IoResult SocketReader::ReadVFullFenced(std::vector<iovec>& iov, const IoDeadline& deadline) {
   if (buffered() > 0) {
     if (Wanted(iov) && PeerAbandoned(fd_)) {
-      return IoResult::Fail("fenced receive (the peer abandoned the connection; nothing more is written): " +
-                            std::string(std::strerror(ECONNABORTED)));
+      return IoResult::Fail(std::string(kFencedReceive) + ": " + std::strerror(ECONNABORTED));
     }
     Drain(iov);
   }
-  drained_ = false;
-  if (failed_errno_ != 0 && Wanted(iov)) return Failed();
+  if (SocketFailed(Wanted(iov))) return Failed();
   return mori_torch::ReadVFullFenced(fd_, iov, deadline);
 }
 
 IoResult SocketReader::Discard(uint64_t n, const IoDeadline& deadline) {
   const size_t take = static_cast<size_t>(std::min<uint64_t>(n, buffered()));
   pos_ += take;
-  drained_ = false;
-  if (failed_errno_ != 0 && n > take) return Failed();
+  if (SocketFailed(n > take)) return Failed();
   return mori_torch::Discard(fd_, n - take, deadline);
 }
 

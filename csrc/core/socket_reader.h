@@ -40,6 +40,9 @@ class SocketReader {
   // report means more may have come (NewEvent forgets it).
   bool drained() const { return drained_ && buffered() == 0; }
   void NewEvent() { drained_ = false; }
+  // True if a message may be read now: bytes are buffered, or the socket
+  // has some (asked with a poll, unless FillNow just found it empty).
+  bool MoreNow() const { return buffered() > 0 || (!drained_ && ReadableNow(fd_)); }
   // True if `n` bytes can be read now without waiting: buffered already, or
   // after one FillNow, or queued in the socket beyond the buffer (FIONREAD).
   bool Ready(size_t n, std::atomic<int64_t>* progress = nullptr);
@@ -53,8 +56,13 @@ class SocketReader {
 
  private:
   // Copies buffered bytes into the front of `iov`, advancing its entries in
-  // place; returns how many.
-  size_t Drain(std::vector<iovec>& iov);
+  // place.
+  void Drain(std::vector<iovec>& iov);
+  // Before a read goes to the socket itself (`wanted`: it reads anything):
+  // forgets "drained", and true if a FillNow already took the socket's error,
+  // which the read then reports (Failed).
+  bool SocketFailed(bool wanted);
+  IoResult Failed() const;
 
   const size_t cap_;
   std::unique_ptr<char[]> buf_;  // made on first use
@@ -64,7 +72,6 @@ class SocketReader {
   // The error a FillNow's recv took from the socket (ECONNRESET clears it
   // there): the next read reports it instead of a plain close.
   int failed_errno_ = 0;
-  IoResult Failed() const;
 };
 
 }  // namespace mori_torch

@@ -108,11 +108,8 @@ void TcpBackend::OnInboundEvent(const InboundPtr& in, uint32_t events) {
   for (int n = 0; n < kInlineMaxPerEvent && ReadyInline(*in); ++n) {
     if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
   }
-  // Nothing buffered and the socket just found empty (or empty now): wait
-  // for more (re-arming reports bytes that came in between).
-  if (in->reader.buffered() == 0 && (in->reader.drained() || !ReadableNow(fd))) {
-    return ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
-  }
+  // Nothing more now: wait for it (re-arming reports bytes that came in between).
+  if (!in->reader.MoreNow()) return ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
   if (!serve_pool_->Post([this, in] { ServeReady(in); })) DropInbound(in);
 }
 
@@ -142,7 +139,7 @@ void TcpBackend::ServeReady(const InboundPtr& in) {
   // pipeline of small transfers); the loop takes over when the socket is idle.
   do {
     if (shut_.load() || !ServeRequest(*in)) return DropInbound(in);
-  } while (in->reader.buffered() > 0 || ReadableNow(fd));
+  } while (in->reader.MoreNow());
   ctx_.loop->Rearm(fd, EPOLLIN | EPOLLRDHUP);
 }
 

@@ -392,10 +392,7 @@ void DataConn::OnSocketEvent(uint32_t events) {
     for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
       if (!ReceiveOne()) return;
     }
-    // Nothing buffered and the socket just found empty (or empty now).
-    if (reader_.buffered() == 0 && (reader_.drained() || !ReadableNow(sock_.fd()))) {
-      return workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
-    }
+    if (!reader_.MoreNow()) return workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
     auto self = shared_from_this();
     if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
     return;
@@ -449,7 +446,7 @@ void DataConn::RecvJob() {
       return;
     }
     if (!ReceiveOne()) return;
-  } while (reader_.buffered() > 0 || ReadableNow(sock_.fd()));
+  } while (reader_.MoreNow());
   workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
 }
 
