@@ -80,7 +80,14 @@ void CompletionWorker::WorkPosted() {
   (void)!::write(wake_fd_, &one, sizeof one);
 }
 
-bool CompletionWorker::CheckAll(Clock::time_point now, const std::vector<std::pair<ibv_cq*, CqOwner*>>& owners) {
+void CompletionWorker::Refresh(Owners* owners, uint64_t* seen_version) {
+  const uint64_t v = version_.load(std::memory_order_acquire);
+  if (v == *seen_version) return;
+  owners->assign(cqs_.begin(), cqs_.end());
+  *seen_version = v;
+}
+
+bool CompletionWorker::CheckAll(Clock::time_point now, const Owners& owners) {
   bool busy = false;
   for (auto& e : owners) busy = e.second->CheckProgress(now) || busy;
   return busy;
@@ -88,7 +95,7 @@ bool CompletionWorker::CheckAll(Clock::time_point now, const std::vector<std::pa
 
 void CompletionWorker::PollLoop() {
   using namespace std::chrono;
-  std::vector<std::pair<ibv_cq*, CqOwner*>> snapshot;
+  Owners snapshot;
   uint64_t seen_version = ~uint64_t{0};
   unsigned idle = 0;
   Clock::time_point next_check = Clock::now();
@@ -96,11 +103,7 @@ void CompletionWorker::PollLoop() {
     int got = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      const uint64_t v = version_.load(std::memory_order_acquire);
-      if (v != seen_version) {
-        snapshot.assign(cqs_.begin(), cqs_.end());
-        seen_version = v;
-      }
+      Refresh(&snapshot, &seen_version);
       for (auto& e : snapshot) got += DrainCq(e.first, e.second);
       const Clock::time_point now = Clock::now();
       if (now >= next_check) {
@@ -123,12 +126,13 @@ void CompletionWorker::EventLoop() {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
   for (auto* ch : channels_) fds.push_back({ch->fd, POLLIN, 0});
-  std::vector<std::pair<ibv_cq*, CqOwner*>> owners;
+  Owners owners;
+  uint64_t seen_version = ~uint64_t{0};
   while (!stop_.load()) {
     bool busy = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      owners.assign(cqs_.begin(), cqs_.end());
+      Refresh(&owners, &seen_version);
       busy = CheckAll(Clock::now(), owners);
       if (!busy) {
         // From here WorkPosted wakes us; asked again after saying so, so

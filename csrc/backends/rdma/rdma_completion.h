@@ -53,10 +53,14 @@ class CompletionWorker {
   void WorkPosted();
 
  private:
+  using Owners = std::vector<std::pair<ibv_cq*, CqOwner*>>;
   void PollLoop();
   void EventLoop();
+  // mu_ held: `owners` copied from cqs_ again if an Add or Remove came since
+  // *seen_version (a loop's own copy, so each wake-up copies nothing).
+  void Refresh(Owners* owners, uint64_t* seen_version);
   // CheckProgress on every owner (mu_ held); true if any has work in flight.
-  bool CheckAll(Clock::time_point now, const std::vector<std::pair<ibv_cq*, CqOwner*>>& owners);
+  bool CheckAll(Clock::time_point now, const Owners& owners);
 
   const PollCqMode mode_;
   std::vector<std::shared_ptr<RdmaDevice>> rails_;
