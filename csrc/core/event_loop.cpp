@@ -7,12 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "base/config_table.h"
+#include "core/cpu.h"
 #include "core/logging.h"
 #include "core/net.h"
 #include "core/thread_name.h"
@@ -76,25 +75,6 @@ void WorkerPool::Run() {
 }
 
 namespace {
-
-// CPUs' worth of time this process may use: its affinity mask, capped by a
-// cgroup CPU quota (a container limited to 2 CPUs still sees every core in
-// its mask): cgroup v2 cpu.max, else v1 cpu.cfs_quota_us / cfs_period_us.
-int UsableCpus() {
-  cpu_set_t set;
-  long long cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  // A missing file or a value that does not parse leaves 0: no quota.
-  long long quota = 0, period = 0;
-  std::string v2_quota;
-  if (std::ifstream("/sys/fs/cgroup/cpu.max") >> v2_quota >> period) {
-    if (v2_quota != "max") quota = std::atoll(v2_quota.c_str());
-  } else {
-    std::ifstream("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") >> quota;  // -1: none
-    std::ifstream("/sys/fs/cgroup/cpu/cpu.cfs_period_us") >> period;
-  }
-  if (quota > 0 && period > 0) cpus = std::min(cpus, (quota + period - 1) / period);
-  return cpus < 1 ? 1 : static_cast<int>(cpus);
-}
 
 // MORI_TORCH_LOOP_SPIN_US, with -1 (the default) resolved by the CPUs this
 // process may use: measured 4 KiB TCP round trips at 0.77-1.04x a plain

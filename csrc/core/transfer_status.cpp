@@ -3,21 +3,10 @@
 #include <chrono>
 #include <thread>
 
+#include "core/cpu.h"
 #include "gpu/trace_ranges.h"
 
 namespace mori_torch {
-namespace {
-
-// A spin-wait hint: the core pauses briefly without giving up its thread.
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-}  // namespace
 
 StatusCode TransferStatus::Code() {
   StatusCode c = PeekCode();

@@ -134,10 +134,11 @@ SessionRef SessionOf(PyObject* obj, const char* call) {
 }
 
 // One of session_batch's offset or size arguments: a list or tuple of ints
-// (read into a pooled tensor) or a 1-D int64 tensor (checked here, used in
-// place; OnHost later brings a device or strided one to the host, without
-// the GIL: a device tensor's copy waits for the work queued before it).
-bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
+// (queued on `reads`, which reads it into a pooled tensor) or a 1-D int64
+// tensor (checked here, used in place; OnHost later brings a device or
+// strided one to the host, without the GIL: a device tensor's copy waits
+// for the work queued before it).
+bool Int64Values(PyObject* v, const char* what, HostInt64* out, Int64ListReads* reads) {
   if (THPVariable_Check(v)) {
     const at::Tensor& t = THPVariable_Unpack(v);
     CheckInt64Vector(t, what);
@@ -148,17 +149,18 @@ bool Int64Values(PyObject* v, const char* what, HostInt64* out) {
     PyErr_Format(PyExc_TypeError, "%s must be a list, tuple or 1-D int64 tensor, got %s", what, Py_TYPE(v)->tp_name);
     return false;
   }
-  return ReadInt64Tensor(v, what, &out->host);
+  return reads->Add(v, what, &out->host);
 }
 
 // Every entry of the list or tuple `seqs` (one per memory pair of an
 // engine-level batch) as Int64Values reads it; errors name what[i], or
 // what[i][j] inside a list.
-bool Int64ValuesEach(PyObject* seqs, const char* what, std::vector<HostInt64>* out) {
+bool Int64ValuesEach(PyObject* seqs, const char* what, std::vector<HostInt64>* out, Int64ListReads* reads) {
   out->clear();
+  if (PyList_Check(seqs) || PyTuple_Check(seqs)) out->reserve(PySequence_Fast_GET_SIZE(seqs));  // reads points into it
   return ReadEach(seqs, what, [&](Py_ssize_t, PyObject* entry, const char* name) {
     out->emplace_back();
-    return Int64Values(entry, name, &out->back());
+    return Int64Values(entry, name, &out->back(), reads);
   });
 }
 
@@ -220,9 +222,11 @@ PyObject* SessionBatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!session) return nullptr;
     const int is_read = PyObject_IsTrue(args[1]);
     HostInt64 lo, ro, sizes;
+    Int64ListReads reads;
     int64_t uid = 0;
-    if (is_read < 0 || !Int64Values(args[2], "local_offsets", &lo) || !Int64Values(args[3], "remote_offsets", &ro) ||
-        !Int64Values(args[4], "sizes", &sizes) || !ReadInt64(args[5], "uid", &uid)) {
+    if (is_read < 0 || !Int64Values(args[2], "local_offsets", &lo, &reads) ||
+        !Int64Values(args[3], "remote_offsets", &ro, &reads) || !Int64Values(args[4], "sizes", &sizes, &reads) ||
+        !reads.Read() || !ReadInt64(args[5], "uid", &uid)) {
       return nullptr;
     }
     return SubmitWithoutGil([&] {
@@ -303,9 +307,11 @@ PyObject* EngineBatch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     std::vector<const MemoryDesc*> locals, remotes;
     std::vector<HostInt64> lo, ro, sizes;
     std::vector<int64_t> uids;
+    Int64ListReads reads;
     if (!DescsOf(args[2], "local_descs", &refs, &locals) || !DescsOf(args[4], "remote_descs", &refs, &remotes) ||
-        !Int64ValuesEach(args[3], "local_offsets", &lo) || !Int64ValuesEach(args[5], "remote_offsets", &ro) ||
-        !Int64ValuesEach(args[6], "sizes", &sizes) || !ReadInt64List(args[7], "uids", &uids)) {
+        !Int64ValuesEach(args[3], "local_offsets", &lo, &reads) ||
+        !Int64ValuesEach(args[5], "remote_offsets", &ro, &reads) ||
+        !Int64ValuesEach(args[6], "sizes", &sizes, &reads) || !reads.Read() || !ReadInt64List(args[7], "uids", &uids)) {
       return nullptr;
     }
     std::vector<StatusPtr> statuses;

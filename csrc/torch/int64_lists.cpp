@@ -5,10 +5,10 @@
 // anything else (a numpy int, a larger int, a bad entry) the general way,
 // from the first such entry on, so that errors name the first bad entry.
 //
-// Tried and dropped (session 12): reading long lists on several threads
-// (helpers from torch's inter-op pool). On the 16-core H100 host the session
-// batch from lists took 24-51 ns per segment against 14-24 with one thread:
-// waking the helpers costs more than reading 16,384 entries.
+// Long lists (a batch's three lists of 16,384 entries) are read in chunks
+// on the WorkCrew (core/work_crew.h), the submitting thread and helpers
+// together, the fast path only: the helpers touch no Python API and no
+// reference count while the submitting thread holds the GIL.
 #include "torch/int64_lists.h"
 
 #include <ATen/ATen.h>
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/work_crew.h"
 #include "torch/int64_buffers.h"
 
 namespace mori_torch {
@@ -143,36 +144,49 @@ bool IndexToInt64(PyObject* item, const char* what, Py_ssize_t i, int64_t* out) 
   return ok;
 }
 
-// All n entries of `seq` into out: small exact ints in a tight loop, the
-// rest one by one the general way (numpy ints, ints past 2^60, errors naming
-// the entry). A list that is no longer n long (an entry's __index__ may
-// change any list) is refused: out holds n entries.
-bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
-  auto resized = [&] {
-    if (PySequence_Fast_GET_SIZE(seq) == n) return false;
-    PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
-    return true;
-  };
-  if (resized()) return false;
-  PyObject* const* items = PySequence_Fast_ITEMS(seq);
+// Reads entries from the start of `items` into out while they are exact
+// ints of at most two digits; returns how many it read (n when all). No
+// Python call and no reference count is touched: the WorkCrew's helpers run
+// it while the submitting thread holds the GIL.
+Py_ssize_t ReadFast(PyObject* const* items, Py_ssize_t n, int64_t* out) {
   Py_ssize_t i = 0;
   // Four at a time while all four have one digit; a step holding anything
   // else goes one by one (two-digit ints still inline) and the next step is
   // tried four at a time again.
-  bool inline_read = true;
-  while (inline_read && i < n) {
+  while (i < n) {
     if (i + 4 <= n && FourSmallInts(items + i, out + i)) {
       i += 4;
       continue;
     }
     const Py_ssize_t stop = std::min<Py_ssize_t>(n, i + 4);
     while (i < stop && SmallExactInt(items[i], &out[i])) ++i;
-    inline_read = i == stop;
+    if (i < stop) break;
   }
-  for (; i < n; ++i) {
-    if (!IndexToInt64(PySequence_Fast_GET_ITEM(seq, i), what, i, &out[i]) || resized()) return false;
+  return i;
+}
+
+// Entries [from, n) of `seq` into out the general way (numpy ints, ints past
+// 2^60, errors naming the entry). A list that is no longer n long (an
+// entry's __index__ may change any list) is refused: out holds n entries.
+bool ReadRest(PyObject* seq, Py_ssize_t n, Py_ssize_t from, int64_t* out, const char* what) {
+  for (Py_ssize_t i = from; i < n; ++i) {
+    if (!IndexToInt64(PySequence_Fast_GET_ITEM(seq, i), what, i, &out[i])) return false;
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+      PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
+      return false;
+    }
   }
   return true;
+}
+
+// All n entries of `seq` into out: small exact ints in a tight loop, the
+// rest one by one the general way, from the first such entry on.
+bool ReadAll(PyObject* seq, Py_ssize_t n, int64_t* out, const char* what) {
+  if (PySequence_Fast_GET_SIZE(seq) != n) {
+    PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", what);
+    return false;
+  }
+  return ReadRest(seq, n, ReadFast(PySequence_Fast_ITEMS(seq), n, out), out, what);
 }
 
 bool IsListOrTuple(PyObject* v) { return PyList_Check(v) || PyTuple_Check(v); }
@@ -226,10 +240,70 @@ PyObject* Int64TensorFromList(PyObject*, PyObject* const* args, Py_ssize_t nargs
 bool ReadInt64(PyObject* v, const char* what, int64_t* out) { return IndexToInt64(v, what, -1, out); }
 
 bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out) {
+  Int64ListReads reads;
+  return reads.Add(seq, what, out) && reads.Read();
+}
+
+bool Int64ListReads::Add(PyObject* seq, const char* what, at::Tensor* out) {
   const Py_ssize_t n = IntListLength(seq, what);
   if (n < 0) return false;
   *out = PooledInt64Tensor(static_cast<int64_t>(n));
-  return ReadAll(seq, n, out->data_ptr<int64_t>(), what);
+  lists_.push_back({pybind11::reinterpret_borrow<pybind11::object>(seq), what, n, out, out->data_ptr<int64_t>()});
+  return true;
+}
+
+bool Int64ListReads::Read() {
+  Py_ssize_t total = 0;
+  for (const List& l : lists_) total += l.n;
+  // Below this the helpers' wake-up costs more than they read.
+  constexpr Py_ssize_t kCrewFrom = 6144, kChunk = 2048;
+  size_t first_slow = 0;  // lists before it were read in full by the fast path
+  auto unchanged = [&] {  // no Python code ran since Add, but be sure
+    for (const List& l : lists_) {
+      if (PySequence_Fast_GET_SIZE(l.seq.ptr()) != l.n) return false;
+    }
+    return true;
+  };
+  if (total >= kCrewFrom && WorkCrew::Shared().helpers() > 0 && unchanged()) {
+    // Chunks of the lists, in order: where each one's fast read stopped.
+    struct Chunk {
+      size_t list;
+      Py_ssize_t begin, end, stopped;
+    };
+    std::vector<Chunk> chunks;
+    for (size_t j = 0; j < lists_.size(); ++j) {
+      for (Py_ssize_t b = 0; b < lists_[j].n; b += kChunk)
+        chunks.push_back({j, b, std::min(lists_[j].n, b + kChunk), 0});
+    }
+    WorkCrew::Shared().Run(chunks.size(), [&](size_t c) {
+      Chunk& k = chunks[c];
+      const List& l = lists_[k.list];
+      k.stopped = k.begin + ReadFast(PySequence_Fast_ITEMS(l.seq.ptr()) + k.begin, k.end - k.begin, l.out + k.begin);
+    });
+    // The first list with an entry the fast path left goes on the general
+    // way from that entry; its entries' __index__ may run Python code that
+    // changes any list, so every later list is read again after it.
+    first_slow = lists_.size();
+    for (const Chunk& k : chunks) {
+      if (k.stopped == k.end) continue;
+      List& l = lists_[k.list];
+      if (!ReadRest(l.seq.ptr(), l.n, k.stopped, l.out, l.what.c_str())) return false;
+      first_slow = k.list + 1;
+      break;
+    }
+  }
+  for (size_t j = first_slow; j < lists_.size(); ++j) {
+    List& l = lists_[j];
+    // Read as it is now: an earlier list's __index__ may have resized it.
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(l.seq.ptr());
+    if (n != l.n) {
+      *l.tensor = PooledInt64Tensor(static_cast<int64_t>(n));
+      l.n = n;
+      l.out = l.tensor->data_ptr<int64_t>();
+    }
+    if (!ReadAll(l.seq.ptr(), l.n, l.out, l.what.c_str())) return false;
+  }
+  return true;
 }
 
 bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out) {
@@ -262,10 +336,14 @@ bool ReadEach(PyObject* seqs, const char* what,
 
 bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out) {
   out->clear();
-  return ReadEach(seqs, what, [&](Py_ssize_t, PyObject* entry, const char* name) {
-    out->emplace_back();
-    return ReadInt64Tensor(entry, name, &out->back());
-  });
+  if (IsListOrTuple(seqs)) out->reserve(PySequence_Fast_GET_SIZE(seqs));  // Add keeps pointers into it
+  Int64ListReads reads;
+  return ReadEach(seqs, what,
+                  [&](Py_ssize_t, PyObject* entry, const char* name) {
+                    out->emplace_back();
+                    return reads.Add(entry, name, &out->back());
+                  }) &&
+         reads.Read();
 }
 
 PyObject* Int64TensorsFromLists(PyObject*, PyObject* const* args, Py_ssize_t nargs) {

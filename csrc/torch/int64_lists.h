@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <Python.h>
 
+#include <pybind11/pybind11.h>
+
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace mori_torch {
@@ -37,6 +40,31 @@ bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out);
 // the first false.
 bool ReadEach(PyObject* seqs, const char* what,
               const std::function<bool(Py_ssize_t i, PyObject* entry, const char* name)>& read);
+// Lists or tuples of ints read together (a batch's offsets and sizes): Add
+// each, then Read once. Long ones are read on the WorkCrew. With the GIL
+// held.
+class Int64ListReads {
+ public:
+  // Queues `seq` to be read into a pooled int64 tensor, put into *out now
+  // (its values are there once Read returns true; *out must stay where it
+  // is until then). False with a TypeError naming `what` when `seq` is no
+  // list or tuple.
+  bool Add(PyObject* seq, const char* what, at::Tensor* out);
+  // Reads every queued list; false with a Python error naming the first
+  // bad entry of the first list (in the order added) that has one.
+  bool Read();
+
+ private:
+  struct List {
+    pybind11::object seq;  // held: an entry's __index__ may drop it elsewhere
+    std::string what;
+    Py_ssize_t n;
+    at::Tensor* tensor;
+    int64_t* out;  // tensor's data
+  };
+  std::vector<List> lists_;
+};
+
 // Every list or tuple of ints in the list or tuple `seqs` into a pooled
 // int64 tensor of its own, in order.
 bool ReadInt64Lists(PyObject* seqs, const char* what, std::vector<at::Tensor>* out);

@@ -279,5 +279,50 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
   }
 }
 
+// Lists long enough to be checked in chunks on the WorkCrew (4,096 entries
+// or more, chunks of 2,048): a join, an empty segment or one bad value right
+// at a chunk's edge is seen as in one pass, and the facts add up across
+// chunks.
+TEST(BuildSegmentsTest, LongListsCheckedInChunksAgreeWithOnePass) {
+  std::mt19937_64 rng(23);
+  for (int n : {4096, 4097, 6143, 6144, 20000, 70001}) {
+    for (int edge : {2047, 2048, 2049, 4095, 4096, n - 1}) {
+      Args a;
+      for (int i = 0; i < n; ++i) {  // scattered 16-byte pages
+        a.lo.push_back(32 * static_cast<int64_t>(rng() % (4 * static_cast<uint64_t>(n))));
+        a.ro.push_back(32 * static_cast<int64_t>(i));
+        a.sz.push_back(16);
+      }
+      if (edge >= n) continue;
+      a.lo[edge] = a.lo[edge - 1] + 16;  // continues its predecessor on both sides...
+      a.ro[edge] = a.ro[edge - 1] + 16;
+      if (edge + 1 < n) a.sz[edge + 1] = 0;  // ...and is followed by an empty one
+      const uint64_t lsize = 32 * 4 * static_cast<uint64_t>(n) + 64, rsize = 32 * static_cast<uint64_t>(n);
+      SegmentBatch out;
+      std::string msg;
+      ASSERT_EQ(Build(a, lsize, rsize, &out, &msg), StatusCode::SUCCESS) << msg;
+      std::vector<Segment> given;
+      for (int i = 0; i < n; ++i) {
+        given.push_back(
+            {static_cast<uint64_t>(a.lo[i]), static_cast<uint64_t>(a.ro[i]), static_cast<uint64_t>(a.sz[i])});
+      }
+      const std::vector<Segment> merged = MergeContiguous(given);
+      ASSERT_TRUE(SameSegments(out.segs, merged)) << n << " entries, join at " << edge;
+      EXPECT_EQ(out.total_bytes, TotalBytes(given));
+      EXPECT_EQ(out.max_bytes, 32u);  // the joined pair
+      for (int kind = 0; kind < 3; ++kind) {
+        Args bad = a;
+        if (kind == 0) bad.lo[edge] = -1;
+        if (kind == 1) bad.sz[edge] = static_cast<int64_t>(rsize);  // past both ends
+        if (kind == 2) bad.ro[edge] = static_cast<int64_t>(rsize) - 15;
+        ASSERT_EQ(Build(bad, lsize, rsize, &out, &msg), StatusCode::ERR_INVALID_ARGS) << n << " " << edge;
+        EXPECT_NE(msg.find("segment " + std::to_string(edge) + ":"), std::string::npos) << msg;
+        EXPECT_TRUE(out.segs.empty());
+        EXPECT_EQ(out.total_bytes, 0u);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mori_torch

@@ -2,7 +2,9 @@
 tuples, ranges, numpy arrays of any integer dtype and int64 tensors, for
 session batches, engine-level multi-pair batches and the ops' host path.
 Each form moves the same bytes; bad entries are errors naming the entry."""
+import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -530,3 +532,56 @@ def test_wait_for_through_the_native_call(p):
     # A status nobody started: WaitFor times out and reports what it saw.
     from mori_torch.io import TransferStatus
     assert TransferStatus().WaitFor(5) == StatusCode.INIT
+
+
+_CREW_SCRIPT = r"""
+import hashlib, json, sys
+import numpy as np
+from mori_torch._int64s import int64s, int64s_each
+
+def outcome(f):
+    try:
+        r = f()
+        h = hashlib.sha256()
+        for t in r if isinstance(r, list) else [r]:
+            h.update(t.numpy().tobytes())
+            h.update(b"|")
+        return ["ok", h.hexdigest()]
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+
+n = 20_000
+base = [(i * 7919 % n) * 4096 for i in range(n)]
+cases = []
+for pos in (0, 2047, 2048, 2049, 4095, 4096, 12_345, n - 1):
+    for odd in ("np", "big", "bool", "float", "none"):
+        v = list(base)
+        v[pos] = {"np": np.int64(-3), "big": (1 << 62) + 1, "bool": True, "float": 0.5, "none": None}[odd]
+        cases.append(outcome(lambda: int64s("offsets", v)))
+        lists = [list(base), list(base), v]  # the odd list last: the first two read by the crew
+        cases.append(outcome(lambda: int64s_each("sizes", lists)))
+        cases.append(outcome(lambda: int64s_each("sizes", [v, list(base)])))
+json.dump(cases, sys.stdout)
+"""
+
+
+def test_long_lists_read_by_the_crew_come_out_as_read_alone():
+    """Lists long enough for WorkCrew helpers (several chunks of 2,048) give
+    the same values and the same errors with helpers and without, wherever
+    the fast path's hand-over (a numpy int, an int past 2^60, a bool) or a
+    bad entry falls: at chunk edges, in the first or a later list."""
+    import json
+    import subprocess
+
+    out = {}
+    for helpers in ("0", "3"):
+        env = dict(os.environ, MORI_TORCH_SUBMIT_HELPERS=helpers, MORI_TORCH_HELPER_SPIN_US="1000")
+        r = subprocess.run([sys.executable, "-c", _CREW_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out[helpers] = json.loads(r.stdout)
+    assert len(out["0"]) == 8 * 5 * 3
+    assert out["3"] == out["0"]
+    kinds = {c[0] for c in out["0"]}
+    assert kinds == {"ok", "TypeError"}, kinds
+    assert ["TypeError", "offsets[2048] must be an int, got float"] in out["0"]
+    assert ["TypeError", "sizes[2][4095] must be an int, got NoneType"] in out["0"]

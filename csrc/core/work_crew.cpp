@@ -1,0 +1,124 @@
+#include "core/work_crew.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/config_table.h"
+#include "core/cpu.h"
+#include "core/thread_name.h"
+
+namespace mori_torch {
+namespace {
+
+int SharedHelpers() {
+  const int64_t v = config::EnvInt("MORI_TORCH_SUBMIT_HELPERS");
+  if (v >= 0) return static_cast<int>(v);
+  // Auto: leave the first 4 CPUs to the serving process and the engine's
+  // own threads; one helper per 4 beyond, at most 3 (a 16,384-entry pass
+  // has 24 chunks: more helpers mostly wait for their turn).
+  constexpr int kMaxAuto = 3;
+  return std::clamp(UsableCpus() / 4 - 1, 0, kMaxAuto);
+}
+
+bool IsOpen(uint64_t ticket) { return (ticket & 1) != 0; }
+
+}  // namespace
+
+WorkCrew::WorkCrew(int helpers, int64_t spin_us) : spin_us_(std::max<int64_t>(0, spin_us)), pid_(::getpid()) {
+  for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Helper(); });
+}
+
+WorkCrew::~WorkCrew() {
+  {
+    std::lock_guard<std::mutex> lk(sleep_mu_);
+    stop_.store(true);
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+WorkCrew& WorkCrew::Shared() {
+  static WorkCrew* const crew =
+      new WorkCrew(SharedHelpers(), config::EnvInt("MORI_TORCH_HELPER_SPIN_US"));  // never destroyed
+  return *crew;
+}
+
+void WorkCrew::RunAlone(size_t chunks, const std::function<void(size_t)>& work) {
+  for (size_t c = 0; c < chunks; ++c) work(c);
+}
+
+void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
+  if (threads_.empty() || chunks <= 1 || ::getpid() != pid_) return RunAlone(chunks, work);
+  std::unique_lock<std::mutex> pass(pass_mu_, std::try_to_lock);
+  if (!pass.owns_lock()) return RunAlone(chunks, work);
+
+  work_ = &work;
+  chunks_ = chunks;
+  next_.store(0);
+  done_.store(0);
+  error_ = nullptr;
+  const uint64_t open = ticket_.load() + 3;  // the next pass, open (no pass is open now)
+  ticket_.store(open);
+  // A helper about to sleep either sees the open ticket or is counted here
+  // (both are sequentially consistent), and it checks under sleep_mu_.
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lk(sleep_mu_); }
+    wake_.notify_all();
+  }
+  TakeChunks(false);
+  // Chunks that helpers took may still run.
+  while (done_.load() < chunks) CpuRelax();
+  ticket_.store(open - 1);
+  while (active_.load() > 0) CpuRelax();
+  work_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
+}
+
+void WorkCrew::TakeChunks(bool helper) {
+  const std::function<void(size_t)>& work = *work_;
+  const size_t chunks = chunks_;
+  for (size_t c = next_.fetch_add(1); c < chunks; c = next_.fetch_add(1)) {
+    try {
+      work(c);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(error_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    if (helper) by_helpers_.fetch_add(1, std::memory_order_relaxed);
+    done_.fetch_add(1);
+  }
+}
+
+void WorkCrew::Helper() {
+  SetThreadName("mori-crew");
+  using Clock = std::chrono::steady_clock;
+  uint64_t last = 0;  // the last ticket this helper looked at
+  auto polling_until = Clock::now();
+  while (!stop_.load()) {
+    const uint64_t t = ticket_.load();
+    if (IsOpen(t) && t != last) {
+      last = t;
+      active_.fetch_add(1);
+      if (ticket_.load() == t) TakeChunks(true);
+      active_.fetch_sub(1);
+      polling_until = Clock::now() + std::chrono::microseconds(spin_us_);
+      continue;
+    }
+    if (Clock::now() < polling_until) {
+      ::sched_yield();  // polling, but the core stays free for others
+      continue;
+    }
+    std::unique_lock<std::mutex> lk(sleep_mu_);
+    sleepers_.fetch_add(1);
+    wake_.wait(lk, [&] {
+      const uint64_t now = ticket_.load();
+      return stop_.load() || (IsOpen(now) && now != last);
+    });
+    sleepers_.fetch_sub(1);
+  }
+}
+
+}  // namespace mori_torch

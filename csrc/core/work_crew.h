@@ -1,0 +1,85 @@
+// A few helper threads that join the submitting thread's pass over a long
+// list (a 16,384-entry batch's offsets read from Python lists, then
+// checked): on one H100 host those passes took 60-230 us of a batch whose
+// copy takes 200, all of it before the first byte may move.
+//
+// The caller starts on the chunks at once and helpers take chunks as they
+// come, so a helper that wakes late costs nothing but its share. (Session
+// 12 tried torch's inter-op pool, which hands each helper a fixed part and
+// waits for the slowest: 24-51 ns per segment against 14-24 alone.) After
+// a pass the helpers keep polling for a while, yielding the core, so the
+// next batch of a burst finds them awake; then they sleep.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mori_torch {
+
+class WorkCrew {
+ public:
+  // `helpers` threads besides the callers (0: every pass runs on its
+  // caller alone); after a pass they poll for `spin_us` before sleeping.
+  WorkCrew(int helpers, int64_t spin_us);
+  ~WorkCrew();
+  WorkCrew(const WorkCrew&) = delete;
+  WorkCrew& operator=(const WorkCrew&) = delete;
+
+  // The process's crew, made on first use: MORI_TORCH_SUBMIT_HELPERS
+  // helpers (auto: one per 4 usable CPUs beyond the first 4, at most 3),
+  // MORI_TORCH_HELPER_SPIN_US. Never destroyed (its threads sleep).
+  static WorkCrew& Shared();
+
+  int helpers() const { return static_cast<int>(threads_.size()); }
+
+  // Runs work(c) once for every c in [0, chunks), on this thread and any
+  // helpers that join, and returns when all have run; the first exception a
+  // chunk threw is rethrown here (the other chunks still run). One pass at a
+  // time: a thread that finds the crew busy (or in a forked child, where
+  // the helpers do not exist) runs every chunk itself.
+  void Run(size_t chunks, const std::function<void(size_t)>& work);
+
+  // Chunks that helpers (not callers) ran since construction (tests).
+  uint64_t ChunksByHelpers() const { return by_helpers_.load(std::memory_order_relaxed); }
+
+ private:
+  void Helper();
+  // Takes chunks of the open pass until none is left.
+  void TakeChunks(bool helper);
+  void RunAlone(size_t chunks, const std::function<void(size_t)>& work);
+
+  const int64_t spin_us_;
+  const int pid_;  // the process the helpers run in
+  std::vector<std::thread> threads_;
+
+  std::mutex pass_mu_;  // held by the thread whose pass is open
+  // The pass: written by its caller before `ticket_` opens it.
+  const std::function<void(size_t)>* work_ = nullptr;
+  size_t chunks_ = 0;
+  std::atomic<size_t> next_{0};
+  std::atomic<size_t> done_{0};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+
+  // Pass number x 2, plus 1 while it is open. A helper works on a pass
+  // only after announcing itself in `active_` and seeing the same ticket
+  // again; its caller closes the ticket and waits for `active_` to drain
+  // before returning, so no helper touches a finished pass.
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> by_helpers_{0};
+
+  std::mutex sleep_mu_;
+  std::condition_variable wake_;
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace mori_torch

@@ -1,0 +1,103 @@
+// WorkCrew: helpers that join a caller's pass over chunks. Every chunk runs
+// once, passes from several callers never mix, helpers wake again after
+// they slept, a chunk's exception reaches its caller, and the crew stops
+// cleanly whatever its helpers were doing.
+#include "core/work_crew.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace mori_torch {
+namespace {
+
+// Runs `chunks` chunks that each count themselves (and busy-wait `work_us`)
+// and checks that every one ran exactly once.
+void RunAndCount(WorkCrew& crew, size_t chunks, int work_us = 0) {
+  std::unique_ptr<std::atomic<int>[]> runs(new std::atomic<int>[chunks]);
+  for (size_t c = 0; c < chunks; ++c) runs[c].store(0);
+  crew.Run(chunks, [&](size_t c) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(work_us);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    runs[c].fetch_add(1);
+  });
+  for (size_t c = 0; c < chunks; ++c) ASSERT_EQ(runs[c].load(), 1) << "chunk " << c << " of " << chunks;
+}
+
+TEST(WorkCrewTest, EveryChunkRunsOnceAndHelpersTakeSome) {
+  WorkCrew crew(3, 1000000);
+  ASSERT_EQ(crew.helpers(), 3);
+  for (int pass = 0; pass < 300; ++pass) RunAndCount(crew, static_cast<size_t>(pass % 40), pass % 3 == 0 ? 20 : 0);
+  // Chunks of 20 us on a crew that polls for a second: helpers join.
+  EXPECT_GT(crew.ChunksByHelpers(), 0u);
+}
+
+TEST(WorkCrewTest, WithoutHelpersTheCallerRunsEverything) {
+  WorkCrew crew(0, 0);
+  const auto caller = std::this_thread::get_id();
+  bool elsewhere = false;
+  crew.Run(50, [&](size_t) { elsewhere = elsewhere || std::this_thread::get_id() != caller; });
+  EXPECT_FALSE(elsewhere);
+  EXPECT_EQ(crew.ChunksByHelpers(), 0u);
+}
+
+TEST(WorkCrewTest, SleepingHelpersWakeForTheNextPass) {
+  WorkCrew crew(2, 0);  // sleep right after every pass
+  for (int pass = 0; pass < 50; ++pass) {
+    RunAndCount(crew, 16, 10);
+    std::this_thread::sleep_for(std::chrono::microseconds(pass % 5 == 0 ? 2000 : 50));
+  }
+  EXPECT_GT(crew.ChunksByHelpers(), 0u);
+}
+
+TEST(WorkCrewTest, CallersOnSeveralThreadsGetTheirOwnChunksRun) {
+  WorkCrew crew(2, 500);
+  std::vector<std::thread> callers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      for (int pass = 0; pass < 200; ++pass) {
+        const size_t chunks = 1 + static_cast<size_t>((pass + t) % 24);
+        std::vector<std::atomic<int>> runs(chunks);
+        crew.Run(chunks, [&](size_t c) { runs[c].fetch_add(1); });
+        for (auto& r : runs) failures.fetch_add(r.load() == 1 ? 0 : 1);
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(WorkCrewTest, AChunksExceptionReachesTheCallerAfterTheOthersRan) {
+  WorkCrew crew(3, 1000);
+  std::vector<std::atomic<int>> runs(32);
+  try {
+    crew.Run(runs.size(), [&](size_t c) {
+      runs[c].fetch_add(1);
+      if (c == 7 || c == 20) throw std::runtime_error("chunk " + std::to_string(c) + " failed");
+    });
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what == "chunk 7 failed" || what == "chunk 20 failed") << what;
+  }
+  for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+  RunAndCount(crew, 10);  // and the crew still works
+}
+
+TEST(WorkCrewTest, StopsCleanlyWhetherItsHelpersPollOrSleep) {
+  for (int i = 0; i < 20; ++i) {
+    WorkCrew crew(2, i % 2 == 0 ? 0 : 100000);
+    if (i % 4 < 2) RunAndCount(crew, 8);
+    if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+}  // namespace mori_torch
