@@ -43,8 +43,8 @@ uint64_t TotalBytes(const std::vector<Segment>& segs);
 // Drops empty segments and merges neighbours that are contiguous on both
 // sides (order is kept: only adjacent entries merge).
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs);
-// The same in place, in one O(n) pass without allocating; returns the
-// largest merged segment's size.
+// The same in place, in one O(n) pass without allocating (long lists in
+// chunks on the WorkCrew); returns the largest merged segment's size.
 uint64_t MergeContiguousInPlace(std::vector<Segment>* segs);
 
 // Cuts `segs` (`total` bytes: the batch's count, not walked again) into at

@@ -252,9 +252,12 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
     Args a;
     // Short lists, and lists long enough for the vectorized pass's body.
     const int n = iter % 4 == 0 ? static_cast<int>(rng() % 300) : static_cast<int>(rng() % 10);
+    // Lists with and without empty segments, with many or few joins.
+    const bool with_empties = iter % 3 != 0;
+    const uint64_t join_one_in = 2 + iter % 3 * 8;
     for (int i = 0; i < n; ++i) {
-      const int64_t sz = rng() % 5 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 16);
-      if (i > 0 && rng() % 3 == 0) {  // continue the previous segment on one or both sides
+      const int64_t sz = with_empties && rng() % 5 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 16);
+      if (i > 0 && rng() % join_one_in == 0) {  // continue the previous segment on one or both sides
         a.lo.push_back(a.lo.back() + a.sz.back());
         a.ro.push_back(rng() % 2 ? a.ro.back() + a.sz.back() : static_cast<int64_t>(rng() % 200));
       } else {
@@ -270,7 +273,15 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
     for (int i = 0; i < n; ++i) {
       given.push_back({static_cast<uint64_t>(a.lo[i]), static_cast<uint64_t>(a.ro[i]), static_cast<uint64_t>(a.sz[i])});
     }
-    const std::vector<Segment> merged = MergeContiguous(given);
+    // Merged when one segment in 8 continues its predecessor or one is
+    // empty; else as given.
+    int empties = 0, continues = 0;
+    for (int i = 0; i < n; ++i) {
+      empties += given[i].size == 0;
+      continues += i > 0 && given[i - 1].local_off + given[i - 1].size == given[i].local_off &&
+                   given[i - 1].remote_off + given[i - 1].size == given[i].remote_off;
+    }
+    const std::vector<Segment> merged = empties > 0 || continues * 8 >= n ? MergeContiguous(given) : given;
     EXPECT_TRUE(SameSegments(out.segs, merged)) << "iteration " << iter;
     EXPECT_EQ(out.total_bytes, TotalBytes(given));
     uint64_t largest = 0;
@@ -282,7 +293,7 @@ TEST(BuildSegmentsTest, RandomizedFactsAgreeWithMergeContiguous) {
 // Lists long enough to be checked in chunks on the WorkCrew (4,096 entries
 // or more, chunks of 2,048): a join, an empty segment or one bad value right
 // at a chunk's edge is seen as in one pass, and the facts add up across
-// chunks.
+// chunks. A lone join with nothing empty is not worth a merge.
 TEST(BuildSegmentsTest, LongListsCheckedInChunksAgreeWithOnePass) {
   std::mt19937_64 rng(23);
   for (int n : {4096, 4097, 6143, 6144, 20000, 70001}) {
@@ -306,10 +317,20 @@ TEST(BuildSegmentsTest, LongListsCheckedInChunksAgreeWithOnePass) {
         given.push_back(
             {static_cast<uint64_t>(a.lo[i]), static_cast<uint64_t>(a.ro[i]), static_cast<uint64_t>(a.sz[i])});
       }
-      const std::vector<Segment> merged = MergeContiguous(given);
+      const bool with_empty = edge + 1 < n;  // else a lone join, not worth a merge
+      const std::vector<Segment> merged = with_empty ? MergeContiguous(given) : given;
       ASSERT_TRUE(SameSegments(out.segs, merged)) << n << " entries, join at " << edge;
       EXPECT_EQ(out.total_bytes, TotalBytes(given));
-      EXPECT_EQ(out.max_bytes, 32u);  // the joined pair
+      EXPECT_EQ(out.max_bytes, with_empty ? 32u : 16u);  // the joined pair
+      if (edge + 1 < n) {                                // without the empty segment the one join is left as it is
+        Args one = a;
+        one.sz[edge + 1] = 16;
+        ASSERT_EQ(Build(one, lsize, rsize, &out, &msg), StatusCode::SUCCESS) << msg;
+        ASSERT_EQ(out.segs.size(), static_cast<size_t>(n));
+        EXPECT_EQ(out.segs[edge].local_off, static_cast<uint64_t>(one.lo[edge]));
+        EXPECT_EQ(out.max_bytes, 16u);
+        EXPECT_EQ(out.total_bytes, 16u * n);
+      }
       for (int kind = 0; kind < 3; ++kind) {
         Args bad = a;
         if (kind == 0) bad.lo[edge] = -1;
@@ -321,6 +342,46 @@ TEST(BuildSegmentsTest, LongListsCheckedInChunksAgreeWithOnePass) {
         EXPECT_EQ(out.total_bytes, 0u);
       }
     }
+  }
+}
+
+// Pages in runs (one in 8 or more continue their predecessor): merged, in
+// chunks on the WorkCrew for long lists, runs crossing chunk edges joined.
+TEST(BuildSegmentsTest, LongListsOfRunsMergeAcrossChunkEdges) {
+  std::mt19937_64 rng(29);
+  for (int n : {4096, 6000, 20000, 70001}) {
+    Args a;
+    int64_t lo = 0, ro = 0;
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 5 == 0) {  // a new run starts somewhere else: runs of 5 on average
+        lo += 4096 * (1 + static_cast<int64_t>(rng() % 3));
+        ro = 4096 * static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+      }
+      a.lo.push_back(lo);
+      a.ro.push_back(ro);
+      a.sz.push_back(4096);
+      lo += 4096;
+      ro += 4096;
+    }
+    for (int edge : {2047, 2048, 4095, 4096}) {  // a run across a chunk edge, ending in an empty segment
+      if (edge + 2 >= n) continue;
+      a.lo[edge] = a.lo[edge - 1] + 4096;
+      a.ro[edge] = a.ro[edge - 1] + 4096;
+    }
+    std::vector<Segment> given;
+    for (int i = 0; i < n; ++i) {
+      given.push_back({static_cast<uint64_t>(a.lo[i]), static_cast<uint64_t>(a.ro[i]), static_cast<uint64_t>(a.sz[i])});
+    }
+    SegmentBatch out;
+    std::string msg;
+    ASSERT_EQ(Build(a, uint64_t{1} << 40, uint64_t{1} << 40, &out, &msg), StatusCode::SUCCESS) << msg;
+    const std::vector<Segment> merged = MergeContiguous(given);
+    ASSERT_LT(merged.size(), given.size() * 7 / 8);
+    EXPECT_TRUE(SameSegments(out.segs, merged)) << n;
+    uint64_t largest = 0;
+    for (const Segment& m : merged) largest = std::max(largest, m.size);
+    EXPECT_EQ(out.max_bytes, largest);
+    EXPECT_EQ(out.total_bytes, 4096u * n);
   }
 }
 
