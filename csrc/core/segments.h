@@ -17,7 +17,8 @@ struct Segment {
   uint64_t size = 0;
 };
 
-// A transfer's validated segments, contiguous neighbours merged, with the
+// A transfer's validated segments (contiguous neighbours merged when many
+// are, BuildSegments; never an empty one), with the
 // facts every backend asks for, found while building it (BuildSegments) and
 // then shared read-only: the retry driver's template and the attempt in flight hold the
 // same list, so a 16,384-page batch is neither copied per submit nor walked

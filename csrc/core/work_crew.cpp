@@ -28,7 +28,12 @@ bool IsOpen(uint64_t ticket) { return (ticket & 1) != 0; }
 }  // namespace
 
 WorkCrew::WorkCrew(int helpers, int64_t spin_us) : spin_us_(std::max<int64_t>(0, spin_us)), pid_(::getpid()) {
-  for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Helper(); });
+  try {
+    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Helper(); });
+  } catch (...) {
+    // No more threads to be had (a container's limit, memory): the crew
+    // works with those it got, as a pass runs on its caller if need be.
+  }
 }
 
 WorkCrew::~WorkCrew() {
@@ -40,6 +45,17 @@ WorkCrew::~WorkCrew() {
   for (auto& t : threads_) t.join();
 }
 
+namespace {
+// Set while this thread runs a pass's chunks: a chunk that runs a pass of
+// its own runs it alone (the crew is busy with the outer one).
+thread_local bool t_in_pass = false;
+
+struct InPass {
+  InPass() { t_in_pass = true; }
+  ~InPass() { t_in_pass = false; }
+};
+}  // namespace
+
 WorkCrew& WorkCrew::Shared() {
   static WorkCrew* const crew =
       new WorkCrew(SharedHelpers(), config::EnvInt("MORI_TORCH_HELPER_SPIN_US"));  // never destroyed
@@ -47,13 +63,22 @@ WorkCrew& WorkCrew::Shared() {
 }
 
 void WorkCrew::RunAlone(size_t chunks, const std::function<void(size_t)>& work) {
-  for (size_t c = 0; c < chunks; ++c) work(c);
+  std::exception_ptr first;
+  for (size_t c = 0; c < chunks; ++c) {
+    try {
+      work(c);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
-  if (threads_.empty() || chunks <= 1 || ::getpid() != pid_) return RunAlone(chunks, work);
+  if (threads_.empty() || chunks <= 1 || t_in_pass || ::getpid() != pid_) return RunAlone(chunks, work);
   std::unique_lock<std::mutex> pass(pass_mu_, std::try_to_lock);
   if (!pass.owns_lock()) return RunAlone(chunks, work);
+  InPass in_pass;
 
   work_ = &work;
   chunks_ = chunks;
@@ -69,12 +94,25 @@ void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
     wake_.notify_all();
   }
   TakeChunks(false);
-  // Chunks that helpers took may still run.
-  while (done_.load() < chunks) CpuRelax();
+  // Chunks that helpers took may still run; a helper the scheduler took
+  // the core from (a busy machine) is given the core back soon.
+  WaitUntil([&] { return done_.load() >= chunks; });
   ticket_.store(open - 1);
-  while (active_.load() > 0) CpuRelax();
+  WaitUntil([&] { return active_.load() == 0; });
   work_ = nullptr;
   if (error_) std::rethrow_exception(error_);
+}
+
+void WorkCrew::WaitUntil(const std::function<bool()>& ready) {
+  // A chunk takes microseconds: spin that long, then yield the core.
+  constexpr int kSpins = 2000;
+  for (int i = 0; !ready(); ++i) {
+    if (i < kSpins) {
+      CpuRelax();
+    } else {
+      ::sched_yield();
+    }
+  }
 }
 
 void WorkCrew::TakeChunks(bool helper) {

@@ -26,7 +26,8 @@ namespace mori_torch {
 class WorkCrew {
  public:
   // `helpers` threads besides the callers (0: every pass runs on its
-  // caller alone); after a pass they poll for `spin_us` before sleeping.
+  // caller alone; fewer when the system refuses more threads); after a
+  // pass they poll for `spin_us` before sleeping.
   WorkCrew(int helpers, int64_t spin_us);
   ~WorkCrew();
   WorkCrew(const WorkCrew&) = delete;
@@ -42,8 +43,9 @@ class WorkCrew {
   // Runs work(c) once for every c in [0, chunks), on this thread and any
   // helpers that join, and returns when all have run; the first exception a
   // chunk threw is rethrown here (the other chunks still run). One pass at a
-  // time: a thread that finds the crew busy (or in a forked child, where
-  // the helpers do not exist) runs every chunk itself.
+  // time: a thread that finds the crew busy, a chunk that starts a pass of
+  // its own, and a forked child (where the helpers do not exist) run every
+  // chunk themselves.
   void Run(size_t chunks, const std::function<void(size_t)>& work);
 
   // Chunks that helpers (not callers) ran since construction (tests).
@@ -54,6 +56,7 @@ class WorkCrew {
   // Takes chunks of the open pass until none is left.
   void TakeChunks(bool helper);
   void RunAlone(size_t chunks, const std::function<void(size_t)>& work);
+  static void WaitUntil(const std::function<bool()>& ready);
 
   const int64_t spin_us_;
   const int pid_;  // the process the helpers run in

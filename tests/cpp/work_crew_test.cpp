@@ -99,5 +99,47 @@ TEST(WorkCrewTest, StopsCleanlyWhetherItsHelpersPollOrSleep) {
   }
 }
 
+// Helpers that sleep between passes (no polling) wake for every pass: the
+// caller's own chunk waits until another thread ran one (a lost wake-up
+// would leave it waiting out the 5 s).
+TEST(WorkCrewTest, EveryPassWakesASleepingHelper) {
+  WorkCrew crew(2, 0);
+  for (int pass = 0; pass < 20; ++pass) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the helpers are asleep by now
+    const auto caller = std::this_thread::get_id();
+    std::atomic<bool> helper_ran{false};
+    crew.Run(4, [&](size_t) {
+      if (std::this_thread::get_id() != caller) {
+        helper_ran.store(true);
+        return;
+      }
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!helper_ran.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    });
+    ASSERT_TRUE(helper_ran.load()) << "pass " << pass;
+  }
+}
+
+// Without helpers, or in a pass started inside a chunk (which runs alone),
+// a throwing chunk does not stop the others either.
+TEST(WorkCrewTest, PassesThatRunAloneKeepTheSameContracts) {
+  WorkCrew alone(0, 0);
+  std::vector<std::atomic<int>> runs(6);
+  EXPECT_THROW(alone.Run(runs.size(),
+                         [&](size_t c) {
+                           runs[c].fetch_add(1);
+                           if (c == 1) throw std::runtime_error("chunk 1");
+                         }),
+               std::runtime_error);
+  for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+
+  WorkCrew crew(2, 1000);
+  std::vector<std::atomic<int>> inner(8 * 5);
+  crew.Run(8, [&](size_t outer) {
+    crew.Run(5, [&](size_t c) { inner[outer * 5 + c].fetch_add(1); });  // nested: alone, no deadlock
+  });
+  for (auto& r : inner) EXPECT_EQ(r.load(), 1);
+}
+
 }  // namespace
 }  // namespace mori_torch

@@ -242,10 +242,11 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
                                                remote_.key + "' no longer matches its descriptor");
   }
 
-  // Segments: sorted and merged where contiguous, cut at the message limit
-  // (or the chunk size), spread over the QPs by bytes.
-  // Sorted into a copy where needed: the shared list stays as built (and
-  // merged) for later attempts.
+  // Segments: sorted by remote offset where they are not (and merged
+  // then), cut at the message limit (or the chunk size), spread over the
+  // QPs by bytes.
+  // Sorted into a copy where needed: the shared list stays as built for
+  // later attempts.
   std::vector<Segment> scratch;
   const std::vector<Segment>* segs = &op.segs->segs;
   if (!SortedByRemote(op.segs->segs)) {
