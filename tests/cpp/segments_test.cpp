@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/segments.h"
+#include "test_util.h"
 
 namespace mori_torch {
 
@@ -94,18 +95,9 @@ TEST(MergeContiguousTest, RandomizedPreservesTheByteMap) {
     const auto out = MergeContiguous(in);
     ASSERT_EQ(ByteMap(out), ByteMap(in));
     ASSERT_EQ(TotalBytes(out), TotalBytes(in));
-    // Against a plain reference (append, or grow the last entry): the same
-    // list, in place too, and the largest merged segment.
-    std::vector<Segment> want;
-    for (const Segment& s : in) {
-      if (s.size == 0) continue;
-      if (!want.empty() && want.back().local_off + want.back().size == s.local_off &&
-          want.back().remote_off + want.back().size == s.remote_off) {
-        want.back().size += s.size;
-      } else {
-        want.push_back(s);
-      }
-    }
+    // Against a plain reference: the same list, in place too, and the
+    // largest merged segment.
+    const std::vector<Segment> want = testing_util::ReferenceMerge(in);
     ASSERT_EQ(out, want);
     std::vector<Segment> here = in;
     const uint64_t largest = MergeContiguousInPlace(&here);

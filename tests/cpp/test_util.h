@@ -22,10 +22,28 @@
 #include <thread>
 #include <vector>
 
+#include "core/segments.h"
 #include "core/types.h"
 
 namespace mori_torch {
 namespace testing_util {
+
+// Merges contiguous neighbours the plain way, in one pass (append, or grow
+// the last entry; empty segments dropped): the reference for the library's
+// merge, which works in chunks on long lists.
+inline std::vector<Segment> ReferenceMerge(const std::vector<Segment>& in) {
+  std::vector<Segment> out;
+  for (const Segment& s : in) {
+    if (s.size == 0) continue;
+    if (!out.empty() && out.back().local_off + out.back().size == s.local_off &&
+        out.back().remote_off + out.back().size == s.remote_off) {
+      out.back().size += s.size;
+    } else {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
 
 // Runs `f` and returns the mori_torch::Error it throws; records a failure
 // (and returns an empty optional) when it throws nothing or something else.

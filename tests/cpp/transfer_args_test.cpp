@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/transfer_args.h"
+#include "test_util.h"
 
 namespace mori_torch {
 namespace {
@@ -31,21 +32,7 @@ StatusCode Build(const Args& a, uint64_t lsize, uint64_t rsize, SegmentBatch* ou
   return BuildSegments(a.lo, a.ro, a.sz, Mem(lsize, 1), Mem(rsize, 2), out, msg);
 }
 
-// A one-pass merge written out here, independent of MergeContiguous (which
-// merges long lists in chunks on the WorkCrew, the code under test).
-std::vector<Segment> ReferenceMerge(const std::vector<Segment>& in) {
-  std::vector<Segment> out;
-  for (const Segment& s : in) {
-    if (s.size == 0) continue;
-    if (!out.empty() && out.back().local_off + out.back().size == s.local_off &&
-        out.back().remote_off + out.back().size == s.remote_off) {
-      out.back().size += s.size;
-    } else {
-      out.push_back(s);
-    }
-  }
-  return out;
-}
+using testing_util::ReferenceMerge;
 
 TEST(BuildSegmentsTest, CopiesValidSegmentsInOrderUpToTheLastByte) {
   Args a{{0, 96, 50}, {4, 0, 90}, {4, 4, 10}};
