@@ -133,6 +133,23 @@ SessionRef SessionOf(PyObject* obj, const char* call) {
   return s;
 }
 
+// An argument refused for its type (set as the Python error, or thrown)
+// comes after any bad entry of the lists before it, as when each list was
+// read as its argument came: the lists queued so far are read first, and an
+// error there is the one raised. Returns false.
+bool EarlierListsFirst(Int64ListReads* reads) {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  if (!reads->Read()) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return false;
+  }
+  PyErr_Restore(type, value, tb);
+  return false;
+}
+
 // One of session_batch's offset or size arguments: a list or tuple of ints
 // (queued on `reads`, which reads it into a pooled tensor) or a 1-D int64
 // tensor (checked here, used in place; OnHost later brings a device or
@@ -141,13 +158,18 @@ SessionRef SessionOf(PyObject* obj, const char* call) {
 bool Int64Values(PyObject* v, const char* what, HostInt64* out, Int64ListReads* reads) {
   if (THPVariable_Check(v)) {
     const at::Tensor& t = THPVariable_Unpack(v);
-    CheckInt64Vector(t, what);
+    try {
+      CheckInt64Vector(t, what);
+    } catch (...) {
+      if (!reads->Read()) return false;  // an earlier list's bad entry comes first
+      throw;
+    }
     out->host = t;
     return true;
   }
   if (!PyList_Check(v) && !PyTuple_Check(v)) {
     PyErr_Format(PyExc_TypeError, "%s must be a list, tuple or 1-D int64 tensor, got %s", what, Py_TYPE(v)->tp_name);
-    return false;
+    return EarlierListsFirst(reads);
   }
   return reads->Add(v, what, &out->host);
 }
@@ -157,7 +179,8 @@ bool Int64Values(PyObject* v, const char* what, HostInt64* out, Int64ListReads* 
 // what[i][j] inside a list.
 bool Int64ValuesEach(PyObject* seqs, const char* what, std::vector<HostInt64>* out, Int64ListReads* reads) {
   out->clear();
-  if (PyList_Check(seqs) || PyTuple_Check(seqs)) out->reserve(PySequence_Fast_GET_SIZE(seqs));  // reads points into it
+  if (!CheckListOrTuple(seqs, what)) return EarlierListsFirst(reads);
+  out->reserve(PySequence_Fast_GET_SIZE(seqs));  // reads points into it
   return ReadEach(seqs, what, [&](Py_ssize_t, PyObject* entry, const char* name) {
     out->emplace_back();
     return Int64Values(entry, name, &out->back(), reads);

@@ -303,6 +303,7 @@ bool Int64ListReads::Read() {
     }
     if (!ReadAll(l.seq.ptr(), l.n, l.out, l.what.c_str())) return false;
   }
+  lists_.clear();  // read: a second Read has nothing to do
   return true;
 }
 
@@ -313,12 +314,15 @@ bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out) {
   return ReadAll(seq, n, out->data(), what);
 }
 
+bool CheckListOrTuple(PyObject* seqs, const char* what) {
+  if (IsListOrTuple(seqs)) return true;
+  PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s", what, Py_TYPE(seqs)->tp_name);
+  return false;
+}
+
 bool ReadEach(PyObject* seqs, const char* what,
               const std::function<bool(Py_ssize_t i, PyObject* entry, const char* name)>& read) {
-  if (!IsListOrTuple(seqs)) {
-    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s", what, Py_TYPE(seqs)->tp_name);
-    return false;
-  }
+  if (!CheckListOrTuple(seqs, what)) return false;
   const Py_ssize_t m = PySequence_Fast_GET_SIZE(seqs);
   // References to the entries themselves: an entry's __index__ may change
   // the outer list while a later entry waits to be read.

@@ -34,6 +34,8 @@ bool ReadInt64(PyObject* v, const char* what, int64_t* out);
 bool ReadInt64List(PyObject* seq, const char* what, std::vector<int64_t>* out);
 // One list or tuple of ints into a pooled int64 tensor (int64_buffers.h).
 bool ReadInt64Tensor(PyObject* seq, const char* what, at::Tensor* out);
+// True for a list or tuple; else false with a TypeError naming `what`.
+bool CheckListOrTuple(PyObject* seqs, const char* what);
 // Calls read(i, entry, "what[i]") for every entry of the list or tuple
 // `seqs`, in order, holding a reference to every entry first (an entry's
 // __index__ may change the outer list while a later entry waits); stops at
@@ -50,8 +52,9 @@ class Int64ListReads {
   // is until then). False with a TypeError naming `what` when `seq` is no
   // list or tuple.
   bool Add(PyObject* seq, const char* what, at::Tensor* out);
-  // Reads every queued list; false with a Python error naming the first
-  // bad entry of the first list (in the order added) that has one.
+  // Reads every list queued since the last Read; false with a Python error
+  // naming the first bad entry of the first list (in the order added) that
+  // has one.
   bool Read();
 
  private:

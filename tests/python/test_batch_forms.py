@@ -382,6 +382,16 @@ def test_engine_batch_from_lists_refuses_bad_input_clearly(p):
         _C.engine_batch(native, False, [ld._d, "x"], [[0], [0]], [rd._d, rd._d], [[0], [0]], [[1], [1]], [1, 2])
     with pytest.raises(TypeError, match=r"sizes must be a list or tuple, got int"):
         _C.engine_batch(native, False, [ld._d], [[0]], [rd._d], [[0]], 5, [1])
+    # Two bad arguments: the first in order is named (an earlier list's
+    # entry before a later argument's or entry's type).
+    with pytest.raises(TypeError, match=r"local_offsets\[0\]\[1\] must be an int, got str"):
+        _C.engine_batch(native, False, [ld._d], [[0, "x"]], [rd._d], [[0, 0]], 5, [1])
+    with pytest.raises(TypeError, match=r"local_offsets\[0\]\[1\] must be an int, got str"):
+        _C.engine_batch(native, False, [ld._d, ld._d], [[0, "x"], 7], [rd._d, rd._d], [[0, 0], [0]], [[1, 1], [1]],
+                        [1, 2])
+    with pytest.raises(TypeError, match=r"local_offsets\[0\]\[1\] must be an int, got str"):
+        _C.engine_batch(native, False, [ld._d], [[0, "x"]], [rd._d], [torch.tensor([0, 0], dtype=torch.int32)],
+                        [[1, 1]], [1])
 
 
 def test_engine_batch_from_lists_after_shutdown_says_so(p):
@@ -513,6 +523,15 @@ def test_session_batch_bad_arguments_are_named(p):
         _C.session_batch(sess._s, True, [0], [0], {}, 1)
     with pytest.raises(TypeError, match=r"session_batch\(session, is_read"):
         _C.session_batch(sess._s, True)
+    # Two bad arguments: the first one named, in argument order, whether the
+    # later one is refused for its type (a tensor's dtype, not a list) or
+    # for an entry; an earlier list is read before a later type is refused.
+    with pytest.raises(TypeError, match=r"local_offsets\[1\] must be an int, got str"):
+        sess.batch_write([0, "1"], torch.tensor([0, 1], dtype=torch.int32), [1, 1], 1)
+    with pytest.raises(TypeError, match=r"remote_offsets\[0\] must be an int, got NoneType"):
+        _C.session_batch(sess._s, True, [0, 1], [None, 1], {}, 1)
+    with pytest.raises(TypeError, match=r"sizes must be a list, tuple or 1-D int64 tensor, got dict"):
+        _C.session_batch(sess._s, True, [0, 1], [0, 1], {}, 1)
 
 
 def test_wait_for_through_the_native_call(p):
