@@ -56,29 +56,21 @@ size_t MergeRange(Segment* v, size_t n, uint64_t* largest) {
 
 uint64_t MergeContiguousInPlace(std::vector<Segment>* segs) {
   Segment* v = segs->data();
-  const size_t n = segs->size();
-  uint64_t largest = 0;
-  // A long list merges in chunks on the WorkCrew (one thread: about 2.5 ns
+  // A long list merges in ranges on the WorkCrew (one thread: about 2.5 ns
   // per entry once the first merge is found, 40 us for 16,384 entries on an
-  // H200 host), then each chunk's kept run is joined to the one before:
+  // H200 host), then each range's kept run is joined to the one before:
   // merging is associative, so the result is the one-pass one.
-  constexpr size_t kCrewFrom = 4096, kMinChunk = 2048, kMaxChunks = 32;
-  if (n < kCrewFrom) {
-    segs->resize(MergeRange(v, n, &largest));
-    return largest;
-  }
-  const size_t per = std::max(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
-  const size_t chunks = (n + per - 1) / per;
-  std::array<size_t, kMaxChunks> kept;
-  std::array<uint64_t, kMaxChunks> big;
-  WorkCrew::Shared().Run(chunks, [&](size_t c) {
-    const size_t b = c * per;
-    kept[c] = MergeRange(v + b, std::min(n, b + per) - b, &big[c]);
+  std::array<size_t, WorkCrew::kMaxRanges> kept, first;
+  std::array<uint64_t, WorkCrew::kMaxRanges> big;
+  const size_t ranges = WorkCrew::ForRanges(segs->size(), [&](size_t r, size_t begin, size_t end) {
+    first[r] = begin;
+    kept[r] = MergeRange(v + begin, end - begin, &big[r]);
   });
+  uint64_t largest = 0;
   size_t end = 0;
-  for (size_t c = 0; c < chunks; ++c) {
-    const Segment* from = v + c * per;
-    size_t k = kept[c];
+  for (size_t r = 0; r < ranges; ++r) {
+    const Segment* from = v + first[r];
+    size_t k = kept[r];
     if (k > 0 && end > 0 && Continues(v[end - 1], from[0])) {
       v[end - 1].size += from[0].size;
       largest = std::max(largest, v[end - 1].size);
@@ -87,7 +79,7 @@ uint64_t MergeContiguousInPlace(std::vector<Segment>* segs) {
     }
     if (from != v + end) std::memmove(static_cast<void*>(v + end), from, k * sizeof(Segment));
     end += k;
-    largest = std::max(largest, big[c]);
+    largest = std::max(largest, big[r]);
   }
   segs->resize(end);
   return largest;

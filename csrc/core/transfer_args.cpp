@@ -85,27 +85,22 @@ MORI_AVX2_CLONES ListFacts CopyAndCheck(const int64_t* __restrict lo, const int6
   return {neg, total, largest, over != 0, empties, continues};
 }
 
-// CopyAndCheck over all n segments; a long list in chunks on the shared
+// CopyAndCheck over all n segments; a long list in ranges on the shared
 // WorkCrew (16,384 segments took 33-36 us on one thread of an H100 host,
 // all of it before the copy may start).
 ListFacts CheckAll(const int64_t* lo, const int64_t* ro, const int64_t* sz, size_t n, uint64_t lsize, uint64_t rsize,
                    Segment* o) {
-  constexpr size_t kCrewFrom = 4096, kMinChunk = 2048, kMaxChunks = 32;
-  if (n < kCrewFrom) return CopyAndCheck(lo, ro, sz, 0, n, lsize, rsize, o);
-  const size_t per = std::max(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
-  const size_t chunks = (n + per - 1) / per;
-  std::array<ListFacts, kMaxChunks> parts;
-  WorkCrew::Shared().Run(chunks, [&](size_t c) {
-    parts[c] = CopyAndCheck(lo, ro, sz, c * per, std::min(n, (c + 1) * per), lsize, rsize, o);
-  });
+  std::array<ListFacts, WorkCrew::kMaxRanges> parts;
+  const size_t ranges = WorkCrew::ForRanges(
+      n, [&](size_t r, size_t begin, size_t end) { parts[r] = CopyAndCheck(lo, ro, sz, begin, end, lsize, rsize, o); });
   ListFacts f = parts[0];
-  for (size_t c = 1; c < chunks; ++c) {
-    f.neg |= parts[c].neg;
-    f.total += parts[c].total;
-    f.largest = std::max(f.largest, parts[c].largest);
-    f.over = f.over || parts[c].over;
-    f.empties += parts[c].empties;
-    f.continues += parts[c].continues;
+  for (size_t r = 1; r < ranges; ++r) {
+    f.neg |= parts[r].neg;
+    f.total += parts[r].total;
+    f.largest = std::max(f.largest, parts[r].largest);
+    f.over = f.over || parts[r].over;
+    f.empties += parts[r].empties;
+    f.continues += parts[r].continues;
   }
   return f;
 }

@@ -38,9 +38,10 @@ struct Int64Span {
 // Builds the segment list of one transfer, with its byte count and largest
 // segment: neighbours contiguous on both sides are merged when at least one
 // segment in 8 continues its predecessor or some segment is empty (empty
-// segments are always dropped), else the list stays as given; returns SUCCESS or ERR_INVALID_ARGS with *msg set (and
-// *out empty). One tight pass over the arrays when all is well; the message
-// for a bad segment is built only on failure.
+// segments are always dropped), else the list stays as given. Returns
+// SUCCESS, or ERR_INVALID_ARGS with *msg set (and *out empty). One tight
+// pass over the arrays when all is well; the message for a bad segment is
+// built only on failure.
 StatusCode BuildSegments(Int64Span local_offsets, Int64Span remote_offsets, Int64Span sizes, const MemoryDesc& local,
                          const MemoryDesc& remote, SegmentBatch* out, std::string* msg);
 

@@ -25,6 +25,15 @@ int SharedHelpers() {
 
 bool IsOpen(uint64_t ticket) { return (ticket & 1) != 0; }
 
+// Set while this thread runs a pass's chunks: a chunk that runs a pass of
+// its own runs it alone (the crew is busy with the outer one).
+thread_local bool t_in_pass = false;
+
+struct InPass {
+  InPass() { t_in_pass = true; }
+  ~InPass() { t_in_pass = false; }
+};
+
 }  // namespace
 
 WorkCrew::WorkCrew(int helpers, int64_t spin_us) : spin_us_(std::max<int64_t>(0, spin_us)), pid_(::getpid()) {
@@ -45,21 +54,22 @@ WorkCrew::~WorkCrew() {
   for (auto& t : threads_) t.join();
 }
 
-namespace {
-// Set while this thread runs a pass's chunks: a chunk that runs a pass of
-// its own runs it alone (the crew is busy with the outer one).
-thread_local bool t_in_pass = false;
-
-struct InPass {
-  InPass() { t_in_pass = true; }
-  ~InPass() { t_in_pass = false; }
-};
-}  // namespace
-
 WorkCrew& WorkCrew::Shared() {
   static WorkCrew* const crew =
       new WorkCrew(SharedHelpers(), config::EnvInt("MORI_TORCH_HELPER_SPIN_US"));  // never destroyed
   return *crew;
+}
+
+size_t WorkCrew::ForRanges(size_t n, const std::function<void(size_t r, size_t begin, size_t end)>& work) {
+  constexpr size_t kCrewFrom = 4096, kMinRange = 2048;
+  if (n < kCrewFrom) {
+    work(0, 0, n);
+    return 1;
+  }
+  const size_t per = std::max(kMinRange, (n + kMaxRanges - 1) / kMaxRanges);
+  const size_t ranges = (n + per - 1) / per;
+  Shared().Run(ranges, [&](size_t r) { work(r, r * per, std::min(n, (r + 1) * per)); });
+  return ranges;
 }
 
 void WorkCrew::RunAlone(size_t chunks, const std::function<void(size_t)>& work) {

@@ -48,6 +48,14 @@ class WorkCrew {
   // chunk themselves.
   void Run(size_t chunks, const std::function<void(size_t)>& work);
 
+  // Runs work(r, begin, end) over ranges that split [0, n) in order and
+  // returns how many there were (at least 1, at most kMaxRanges): one range
+  // below 4,096 entries, run here without touching the crew; else ranges of
+  // at least 2,048 entries on the shared crew. For passes over a long list
+  // whose ranges' results are then combined in range order.
+  static constexpr size_t kMaxRanges = 32;
+  static size_t ForRanges(size_t n, const std::function<void(size_t r, size_t begin, size_t end)>& work);
+
   // Chunks that helpers (not callers) ran since construction (tests).
   uint64_t ChunksByHelpers() const { return by_helpers_.load(std::memory_order_relaxed); }
 
