@@ -38,11 +38,12 @@ struct InPass {
 
 WorkCrew::WorkCrew(int helpers, int64_t spin_us) : spin_us_(std::max<int64_t>(0, spin_us)), pid_(::getpid()) {
   try {
-    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this] { Helper(); });
+    for (int i = 0; i < helpers; ++i) threads_.emplace_back([this, i] { Helper(static_cast<size_t>(i) + 1); });
   } catch (...) {
     // No more threads to be had (a container's limit, memory): the crew
     // works with those it got, as a pass runs on its caller if need be.
   }
+  parts_ = threads_.size() + 1;
 }
 
 WorkCrew::~WorkCrew() {
@@ -93,6 +94,7 @@ void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
   work_ = &work;
   chunks_ = chunks;
   next_.store(0);
+  for (size_t w = 0; w < (chunks + 63) / 64 && w < kClaimWords; ++w) claimed_[w].store(0);
   done_.store(0);
   error_ = nullptr;
   const uint64_t open = ticket_.load() + 3;  // the next pass, open (no pass is open now)
@@ -103,7 +105,7 @@ void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
     { std::lock_guard<std::mutex> lk(sleep_mu_); }
     wake_.notify_all();
   }
-  TakeChunks(false);
+  TakeChunks(0);
   // Chunks that helpers took may still run; a helper the scheduler took
   // the core from (a busy machine) is given the core back soon.
   WaitUntil([&] { return done_.load() >= chunks; });
@@ -125,22 +127,45 @@ void WorkCrew::WaitUntil(const std::function<bool()>& ready) {
   }
 }
 
-void WorkCrew::TakeChunks(bool helper) {
-  const std::function<void(size_t)>& work = *work_;
+void WorkCrew::RunChunk(size_t c, bool helper) {
+  try {
+    (*work_)(c);
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(error_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+  if (helper) by_helpers_.fetch_add(1, std::memory_order_relaxed);
+  done_.fetch_add(1);
+}
+
+bool WorkCrew::Claim(size_t c) {
+  const uint64_t bit = uint64_t{1} << (c % 64);
+  return (claimed_[c / 64].fetch_or(bit) & bit) == 0;
+}
+
+void WorkCrew::TakeChunks(size_t me) {
   const size_t chunks = chunks_;
-  for (size_t c = next_.fetch_add(1); c < chunks; c = next_.fetch_add(1)) {
-    try {
-      work(c);
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(error_mu_);
-      if (!error_) error_ = std::current_exception();
-    }
-    if (helper) by_helpers_.fetch_add(1, std::memory_order_relaxed);
-    done_.fetch_add(1);
+  const bool helper = me != 0;
+  if (chunks > kClaimWords * 64) {
+    for (size_t c = next_.fetch_add(1); c < chunks; c = next_.fetch_add(1)) RunChunk(c, helper);
+    return;
+  }
+  // Its own chunks first (me, me + parts, ...), then any left (those of a
+  // helper not awake yet). A pass over the same number of chunks thus
+  // gives each range to the same thread as the pass before, whose cache
+  // holds that range's memory: a batch's checks write its segments, the
+  // next pass reads them, and the next batch reuses both buffers. On the
+  // 16-core GPU machine, copying 384 KiB in 8 chunks took 3.8 us on 4
+  // threads with fixed chunks, 9.5 with chunks taken in turn (1 thread: 11).
+  for (size_t c = me; c < chunks; c += parts_) {
+    if (Claim(c)) RunChunk(c, helper);
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    if (Claim(c)) RunChunk(c, helper);
   }
 }
 
-void WorkCrew::Helper() {
+void WorkCrew::Helper(size_t me) {
   SetThreadName("mori-crew");
   using Clock = std::chrono::steady_clock;
   uint64_t last = 0;  // the last ticket this helper looked at
@@ -150,7 +175,7 @@ void WorkCrew::Helper() {
     if (IsOpen(t) && t != last) {
       last = t;
       active_.fetch_add(1);
-      if (ticket_.load() == t) TakeChunks(true);
+      if (ticket_.load() == t) TakeChunks(me);
       active_.fetch_sub(1);
       polling_until = Clock::now() + std::chrono::microseconds(spin_us_);
       continue;
@@ -161,11 +186,13 @@ void WorkCrew::Helper() {
     }
     std::unique_lock<std::mutex> lk(sleep_mu_);
     sleepers_.fetch_add(1);
-    wake_.wait(lk, [&] {
-      const uint64_t now = ticket_.load();
-      return stop_.load() || (IsOpen(now) && now != last);
-    });
+    // Any pass opened since `t` wakes it, even one that has ended by the
+    // time this thread runs (a sleeping core can take longer to wake than a
+    // 16,384-entry pass takes): it then polls, so that the same call's next
+    // passes find it awake.
+    wake_.wait(lk, [&] { return stop_.load() || ticket_.load() != t; });
     sleepers_.fetch_sub(1);
+    polling_until = Clock::now() + std::chrono::microseconds(spin_us_);
   }
 }
 

@@ -3,12 +3,15 @@
 // checked): on one H100 host those passes took 60-230 us of a batch whose
 // copy takes 200, all of it before the first byte may move.
 //
-// The caller starts on the chunks at once and helpers take chunks as they
-// come, so a helper that wakes late costs nothing but its share. (Session
-// 12 tried torch's inter-op pool, which hands each helper a fixed part and
-// waits for the slowest: 24-51 ns per segment against 14-24 alone.) After
-// a pass the helpers keep polling for a while, yielding the core, so the
-// next batch of a burst finds them awake; then they sleep.
+// The caller starts on the chunks at once. Each thread takes its own
+// chunks first (the same ones pass after pass: their memory stays in its
+// cache), then whatever is left, so a helper that wakes late costs nothing
+// but its share. (Session 12 tried torch's inter-op pool, which hands each
+// helper a fixed part and waits for the slowest: 24-51 ns per segment
+// against 14-24 alone.) After
+// a pass (or once woken for one, even if it ended before they got there)
+// the helpers keep polling for a while, yielding the core, so the call's
+// next pass and the next batch of a burst find them awake; then they sleep.
 #pragma once
 
 #include <atomic>
@@ -58,11 +61,16 @@ class WorkCrew {
 
   // Chunks that helpers (not callers) ran since construction (tests).
   uint64_t ChunksByHelpers() const { return by_helpers_.load(std::memory_order_relaxed); }
+  // Helpers asleep now (tests).
+  int Sleepers() const { return sleepers_.load(); }
 
  private:
-  void Helper();
-  // Takes chunks of the open pass until none is left.
-  void TakeChunks(bool helper);
+  void Helper(size_t me);  // me: 1..helpers (the caller is 0)
+  // Takes chunks of the open pass until none is left: participant `me`'s
+  // own first.
+  void TakeChunks(size_t me);
+  bool Claim(size_t chunk);  // true for the one thread that gets it
+  void RunChunk(size_t chunk, bool helper);
   void RunAlone(size_t chunks, const std::function<void(size_t)>& work);
   static void WaitUntil(const std::function<bool()>& ready);
 
@@ -74,7 +82,10 @@ class WorkCrew {
   // The pass: written by its caller before `ticket_` opens it.
   const std::function<void(size_t)>* work_ = nullptr;
   size_t chunks_ = 0;
-  std::atomic<size_t> next_{0};
+  size_t parts_ = 1;             // the caller and the helpers
+  std::atomic<size_t> next_{0};  // the next chunk, in passes too long for claimed_
+  static constexpr size_t kClaimWords = 4;
+  std::atomic<uint64_t> claimed_[kClaimWords] = {};  // one bit per chunk
   std::atomic<size_t> done_{0};
   std::mutex error_mu_;
   std::exception_ptr error_;

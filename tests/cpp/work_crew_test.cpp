@@ -120,6 +120,25 @@ TEST(WorkCrewTest, EveryPassWakesASleepingHelper) {
   }
 }
 
+// A helper woken for a pass keeps polling afterwards, also when its caller
+// finished the pass alone before the helper ran (waking a sleeping core can
+// take longer than a pass): the same call's next pass then finds it awake
+// instead of waking it again too late. Two empty chunks make the late case
+// the usual one; before the fix such a helper went back to sleep at once.
+TEST(WorkCrewTest, AWokenHelperKeepsPolling) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    WorkCrew crew(1, 10000000);  // polls 10 s after a pass
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (crew.Sleepers() != 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    ASSERT_EQ(crew.Sleepers(), 1) << "the helper never slept";
+    RunAndCount(crew, 2);
+    while (crew.Sleepers() != 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    ASSERT_EQ(crew.Sleepers(), 0) << "the helper never woke (took a chunk: " << crew.ChunksByHelpers() << ")";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(crew.Sleepers(), 0) << "the helper went back to sleep (took a chunk: " << crew.ChunksByHelpers() << ")";
+  }
+}
+
 // Without helpers, or in a pass started inside a chunk (which runs alone),
 // a throwing chunk does not stop the others either.
 TEST(WorkCrewTest, PassesThatRunAloneKeepTheSameContracts) {

@@ -52,7 +52,7 @@ struct PendingCopy;
 
 // A kernel's segment list, in pinned host memory mapped into the device's
 // address space: the kernel reads its entries from there (no upload, no
-// second stream, no event per chunk: one launch per chunk). Lists are pooled
+// second stream: written by the host, then one launch). Lists are pooled
 // per device and reused by later transfers once their last kernel ran.
 struct SegmentList {
   gpu::CopySegment* host = nullptr;  // pinned, mapped
