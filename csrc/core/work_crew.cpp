@@ -36,7 +36,8 @@ struct InPass {
 
 }  // namespace
 
-WorkCrew::WorkCrew(int helpers, int64_t spin_us) : spin_us_(std::max<int64_t>(0, spin_us)), pid_(::getpid()) {
+WorkCrew::WorkCrew(int helpers, int64_t spin_us)
+    : spin_us_(std::max<int64_t>(0, spin_us)), poll_us_(spin_us_), pid_(::getpid()) {
   try {
     for (int i = 0; i < helpers; ++i) threads_.emplace_back([this, i] { Helper(static_cast<size_t>(i) + 1); });
   } catch (...) {
@@ -90,6 +91,7 @@ void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
   std::unique_lock<std::mutex> pass(pass_mu_, std::try_to_lock);
   if (!pass.owns_lock()) return RunAlone(chunks, work);
   InPass in_pass;
+  PaceHelpers();
 
   work_ = &work;
   chunks_ = chunks;
@@ -112,7 +114,29 @@ void WorkCrew::Run(size_t chunks, const std::function<void(size_t)>& work) {
   ticket_.store(open - 1);
   WaitUntil([&] { return active_.load() == 0; });
   work_ = nullptr;
+  last_pass_end_ = std::chrono::steady_clock::now();
   if (error_) std::rethrow_exception(error_);
+}
+
+void WorkCrew::PaceHelpers() {
+  if (spin_us_ == 0) return;  // helpers that never poll stay so
+  using std::chrono::microseconds;
+  const auto now = std::chrono::steady_clock::now();
+  // A call's passes follow each other within microseconds; a longer gap
+  // starts the next call's burst. When bursts come steadily (one batch at
+  // a time: submit, wait, submit), the helpers poll through the gap between
+  // them, up to kMaxPollUs: the first pass of a burst, which finds them
+  // asleep otherwise, ran at one thread's speed plus the cost of waking
+  // them.
+  constexpr auto kBurstGap = microseconds(50);
+  if (now - last_pass_end_ < kBurstGap) return;
+  if (last_burst_start_ != std::chrono::steady_clock::time_point{}) {
+    const int64_t period = std::chrono::duration_cast<microseconds>(now - last_burst_start_).count();
+    const int64_t poll =
+        period <= kMaxPollUs ? std::clamp(period * 3 / 2, spin_us_, std::max(spin_us_, kMaxPollUs)) : spin_us_;
+    poll_us_.store(poll, std::memory_order_relaxed);
+  }
+  last_burst_start_ = now;
 }
 
 void WorkCrew::WaitUntil(const std::function<bool()>& ready) {
@@ -177,7 +201,7 @@ void WorkCrew::Helper(size_t me) {
       active_.fetch_add(1);
       if (ticket_.load() == t) TakeChunks(me);
       active_.fetch_sub(1);
-      polling_until = Clock::now() + std::chrono::microseconds(spin_us_);
+      polling_until = Clock::now() + std::chrono::microseconds(poll_us_.load(std::memory_order_relaxed));
       continue;
     }
     if (Clock::now() < polling_until) {
@@ -192,7 +216,7 @@ void WorkCrew::Helper(size_t me) {
     // passes find it awake.
     wake_.wait(lk, [&] { return stop_.load() || ticket_.load() != t; });
     sleepers_.fetch_sub(1);
-    polling_until = Clock::now() + std::chrono::microseconds(spin_us_);
+    polling_until = Clock::now() + std::chrono::microseconds(poll_us_.load(std::memory_order_relaxed));
   }
 }
 

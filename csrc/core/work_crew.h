@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +31,8 @@ class WorkCrew {
  public:
   // `helpers` threads besides the callers (0: every pass runs on its
   // caller alone; fewer when the system refuses more threads); after a
-  // pass they poll for `spin_us` before sleeping.
+  // pass they poll for `spin_us` before sleeping (longer while passes come
+  // in steady bursts, one per call, up to kMaxPollUs; 0: never poll).
   WorkCrew(int helpers, int64_t spin_us);
   ~WorkCrew();
   WorkCrew(const WorkCrew&) = delete;
@@ -63,6 +65,8 @@ class WorkCrew {
   uint64_t ChunksByHelpers() const { return by_helpers_.load(std::memory_order_relaxed); }
   // Helpers asleep now (tests).
   int Sleepers() const { return sleepers_.load(); }
+  // How long helpers poll after a pass now, us (tests).
+  int64_t PollUs() const { return poll_us_.load(); }
 
  private:
   void Helper(size_t me);  // me: 1..helpers (the caller is 0)
@@ -72,9 +76,19 @@ class WorkCrew {
   bool Claim(size_t chunk);  // true for the one thread that gets it
   void RunChunk(size_t chunk, bool helper);
   void RunAlone(size_t chunks, const std::function<void(size_t)>& work);
+  // Called at each pass's start: sets poll_us_ from the pace of calls.
+  void PaceHelpers();
   static void WaitUntil(const std::function<bool()>& ready);
 
   const int64_t spin_us_;
+  // How long helpers poll after a pass: spin_us_, or longer while calls
+  // come steadily (PaceHelpers), at most kMaxPollUs.
+  static constexpr int64_t kMaxPollUs = 1000;
+  std::atomic<int64_t> poll_us_;
+  // The pass owner's (under pass_mu_): when the last pass ended and when
+  // the current burst of passes (one call's) began.
+  std::chrono::steady_clock::time_point last_pass_end_{};
+  std::chrono::steady_clock::time_point last_burst_start_{};
   const int pid_;  // the process the helpers run in
   std::vector<std::thread> threads_;
 

@@ -139,6 +139,39 @@ TEST(WorkCrewTest, AWokenHelperKeepsPolling) {
   }
 }
 
+// Calls that come steadily (one batch at a time) keep the helpers polling
+// through the gap between them, so the next call's first pass finds them
+// awake; calls far apart (over 1 ms) leave the configured window alone.
+TEST(WorkCrewTest, HelpersPollThroughTheGapBetweenSteadyCalls) {
+  WorkCrew crew(1, 10);
+  auto busy_wait = [](int us) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  };
+  int longer = 0;
+  for (int call = 0; call < 20; ++call) {
+    busy_wait(150);
+    RunAndCount(crew, 4);
+    busy_wait(5);
+    RunAndCount(crew, 4);  // the same call's next pass: no new burst
+    if (call > 0 && crew.PollUs() >= 225) ++longer;
+    EXPECT_LE(crew.PollUs(), 1000);
+  }
+  EXPECT_GE(longer, 10) << "steady calls 150 us apart left the helpers' window at " << crew.PollUs() << " us";
+  for (int call = 0; call < 3; ++call) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    RunAndCount(crew, 4);
+    if (call > 0) EXPECT_EQ(crew.PollUs(), 10) << "calls 3 ms apart";
+  }
+  WorkCrew never(1, 0);
+  for (int call = 0; call < 5; ++call) {
+    busy_wait(150);
+    RunAndCount(never, 4);
+    EXPECT_EQ(never.PollUs(), 0) << "helpers configured not to poll";
+  }
+}
+
 // Without helpers, or in a pass started inside a chunk (which runs alone),
 // a throwing chunk does not stop the others either.
 TEST(WorkCrewTest, PassesThatRunAloneKeepTheSameContracts) {
