@@ -73,11 +73,12 @@ const std::vector<Entry>& Rows() {
           "round trips where cores are spare; on busy cores it costs milliseconds."),
       Int(E, "MORI_TORCH_SUBMIT_HELPERS", -1, -1, 64,
           "Helper threads that read and check long batches' offset lists alongside the submitting thread "
-          "(4,096 segments or more); 0: none; -1: one per 4 usable CPUs beyond the first 4, at most 3."),
+          "(4,096 segments or more), and write the XGMI copy kernel's list; 0: none; -1: one per 4 usable "
+          "CPUs beyond the first 4, at most 3."),
       Int(E, "MORI_TORCH_HELPER_SPIN_US", 200, 0, 1000000,
           "How long those helpers keep polling (yielding) after a batch before they sleep (us), so that the "
-          "next batch of a burst finds them awake; while batches come steadily less than 1 ms apart they poll "
-          "through 1.5 gaps (at most 1 ms); 0: never poll."),
+          "next batch of a burst finds them awake; while batches come less than 1 ms apart they poll through "
+          "1.5 times the idle gap between them (at most 1 ms); 0: never poll."),
       Int(E, "MORI_TORCH_DOORBELL_SPIN_US", 2000, 0, 10000000,
           "Stream-ordered ops: how long the doorbell thread spins after activity before it sleeps (us)."),
       Int(E, "MORI_TORCH_FAIL_PINNED_CHUNK", 0, 0, kI32,

@@ -129,6 +129,28 @@ std::shared_ptr<SegmentBatch> NewSegmentBatch() {
   return std::shared_ptr<SegmentBatch>(b.release(), [](SegmentBatch* p) { pool->Give(p); });
 }
 
+size_t CopyBackToBack(const std::vector<const std::vector<Segment>*>& lists, void* out) {
+  std::vector<size_t> starts;  // list k's first entry in `out`
+  starts.reserve(lists.size());
+  size_t total = 0;
+  for (const std::vector<Segment>* l : lists) {
+    starts.push_back(total);
+    total += l->size();
+  }
+  auto* const to = static_cast<Segment*>(out);
+  WorkCrew::ForRanges(total, [&](size_t, size_t begin, size_t end) {
+    // The last list starting at or before `begin` (empty ones are skipped).
+    size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
+    for (; begin < end; ++k) {
+      const size_t from = begin - starts[k];
+      const size_t n = std::min(end - begin, lists[k]->size() - from);
+      if (n > 0) std::memcpy(static_cast<void*>(to + begin), lists[k]->data() + from, n * sizeof(Segment));
+      begin += n;
+    }
+  });
+  return total;
+}
+
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
   std::vector<Segment> out = segs;
   MergeContiguousInPlace(&out);

@@ -41,6 +41,11 @@ bool SegmentBatchesPooled();
 
 uint64_t TotalBytes(const std::vector<Segment>& segs);
 
+// Copies the lists' entries back to back to `out` (room for all of them,
+// any memory: a GPU kernel's pinned list), in ranges on the submit helpers
+// when there are many; returns how many it wrote.
+size_t CopyBackToBack(const std::vector<const std::vector<Segment>*>& lists, void* out);
+
 // Drops empty segments and merges neighbours that are contiguous on both
 // sides (order is kept: only adjacent entries merge).
 std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs);

@@ -5,13 +5,13 @@
 //
 // The caller starts on the chunks at once. Each thread takes its own
 // chunks first (the same ones pass after pass: their memory stays in its
-// cache), then whatever is left, so a helper that wakes late costs nothing
-// but its share. (Session 12 tried torch's inter-op pool, which hands each
-// helper a fixed part and waits for the slowest: 24-51 ns per segment
-// against 14-24 alone.) After
+// cache; passes of over 256 chunks are taken in turn), then whatever is
+// left, so a helper that wakes late costs nothing but its share. (Session
+// 12 tried torch's inter-op pool, which hands each helper a fixed part and
+// waits for the slowest: 24-51 ns per segment against 14-24 alone.) After
 // a pass (or once woken for one, even if it ended before they got there)
 // the helpers keep polling for a while, yielding the core, so the call's
-// next pass and the next batch of a burst find them awake; then they sleep.
+// next pass and the next call find them awake; then they sleep.
 #pragma once
 
 #include <atomic>
@@ -31,8 +31,8 @@ class WorkCrew {
  public:
   // `helpers` threads besides the callers (0: every pass runs on its
   // caller alone; fewer when the system refuses more threads); after a
-  // pass they poll for `spin_us` before sleeping (longer while passes come
-  // in steady bursts, one per call, up to kMaxPollUs; 0: never poll).
+  // pass they poll for `spin_us` before sleeping (longer while calls come
+  // steadily: NextPollUs; 0: never poll).
   WorkCrew(int helpers, int64_t spin_us);
   ~WorkCrew();
   WorkCrew(const WorkCrew&) = delete;
@@ -67,6 +67,13 @@ class WorkCrew {
   int Sleepers() const { return sleepers_.load(); }
   // How long helpers poll after a pass now, us (tests).
   int64_t PollUs() const { return poll_us_.load(); }
+  // The polling window after a pass that followed `gap_us` of idleness
+  // (more than a call's passes leave between them), from the window before:
+  // 1.5 gaps, at least `spin_us`, at most kMaxPollUs (unless spin_us is
+  // more); `spin_us` again after a gap of more than kMaxPollUs; 0 if
+  // `spin_us` is 0. A shorter gap lowers it by at most a quarter.
+  static constexpr int64_t kMaxPollUs = 1000;
+  static int64_t NextPollUs(int64_t poll_us, int64_t gap_us, int64_t spin_us);
 
  private:
   void Helper(size_t me);  // me: 1..helpers (the caller is 0)
@@ -76,19 +83,16 @@ class WorkCrew {
   bool Claim(size_t chunk);  // true for the one thread that gets it
   void RunChunk(size_t chunk, bool helper);
   void RunAlone(size_t chunks, const std::function<void(size_t)>& work);
-  // Called at each pass's start: sets poll_us_ from the pace of calls.
+  // Called at each pass's start: sets poll_us_ from the idle gap before it.
   void PaceHelpers();
   static void WaitUntil(const std::function<bool()>& ready);
 
   const int64_t spin_us_;
   // How long helpers poll after a pass: spin_us_, or longer while calls
   // come steadily (PaceHelpers), at most kMaxPollUs.
-  static constexpr int64_t kMaxPollUs = 1000;
   std::atomic<int64_t> poll_us_;
-  // The pass owner's (under pass_mu_): when the last pass ended and when
-  // the current burst of passes (one call's) began.
+  // When the last pass ended (the pass owner's, under pass_mu_).
   std::chrono::steady_clock::time_point last_pass_end_{};
-  std::chrono::steady_clock::time_point last_burst_start_{};
   const int pid_;  // the process the helpers run in
   std::vector<std::thread> threads_;
 
@@ -99,7 +103,10 @@ class WorkCrew {
   size_t parts_ = 1;             // the caller and the helpers
   std::atomic<size_t> next_{0};  // the next chunk, in passes too long for claimed_
   static constexpr size_t kClaimWords = 4;
-  std::atomic<uint64_t> claimed_[kClaimWords] = {};  // one bit per chunk
+  struct alignas(64) ClaimWord {  // apart from the counters every chunk bumps
+    std::atomic<uint64_t> bits{0};
+  };
+  ClaimWord claimed_[kClaimWords];  // one bit per chunk
   std::atomic<size_t> done_{0};
   std::mutex error_mu_;
   std::exception_ptr error_;

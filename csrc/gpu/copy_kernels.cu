@@ -138,12 +138,18 @@ uint32_t ResidentBlocks(int device) {
 
 uint32_t SegmentCopyResidentGroups(int device) { return ResidentBlocks(device) * kGroupsPerBlock; }
 
-void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, const SegmentBases& bases,
+void LaunchSegmentCopy(const CopySegment* device_segments, uint64_t count, Stream s, const SegmentBases& bases,
                        uint64_t first_index) {
-  if (count == 0) return;
-  const uint32_t blocks = (count + kGroupsPerBlock - 1) / kGroupsPerBlock;
-  SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(device_segments, count, bases, first_index);
-  CheckLaunch("segment copy kernel launch");
+  // A launch's threads must number fewer than 2^32 (HIP's dispatch packet
+  // counts them in 32 bits): longer lists go in several launches.
+  constexpr uint64_t kMaxPerLaunch = (uint64_t{UINT32_MAX} / kThreads) * kGroupsPerBlock;
+  for (uint64_t at = 0; at < count; at += kMaxPerLaunch) {
+    const uint64_t n = count - at < kMaxPerLaunch ? count - at : kMaxPerLaunch;
+    const auto blocks = static_cast<uint32_t>((n + kGroupsPerBlock - 1) / kGroupsPerBlock);
+    SegmentCopyKernel<<<blocks, kThreads, 0, static_cast<gpuStream_t>(s)>>>(
+        device_segments + at, static_cast<uint32_t>(n), bases, first_index + at);
+    CheckLaunch("segment copy kernel launch");
+  }
 }
 
 void LaunchInlineSegmentCopy(const CopySegment* host_segments, uint32_t count, Stream s) {

@@ -365,7 +365,7 @@ void RelaxCaptureModeForThisThread() {}
 void CopyAsync(uint64_t, uint64_t, uint64_t, Stream) { NoGpu("CopyAsync"); }
 void* DeviceAlloc(int, size_t) { NoGpu("DeviceAlloc"); }
 void DeviceFree(void*, int) {}
-void LaunchSegmentCopy(const CopySegment*, uint32_t, Stream, const SegmentBases&, uint64_t) {
+void LaunchSegmentCopy(const CopySegment*, uint64_t, Stream, const SegmentBases&, uint64_t) {
   NoGpu("LaunchSegmentCopy");
 }
 void LaunchInlineSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("LaunchInlineSegmentCopy"); }

@@ -93,9 +93,9 @@ struct SegmentBases {
 // mapped into the device's address space), on `s` (a stream of the current device).
 // Each segment is copied by one group of threads: callers split large
 // segments (see SegmentCopyResidentGroups) so that the groups share the work.
-// `first_index`: the list index of device_segments[0] (a later chunk of a
+// `first_index`: the list index of device_segments[0] (a later part of a
 // list), which `bases` count in.
-void LaunchSegmentCopy(const CopySegment* device_segments, uint32_t count, Stream s, const SegmentBases& bases = {},
+void LaunchSegmentCopy(const CopySegment* device_segments, uint64_t count, Stream s, const SegmentBases& bases = {},
                        uint64_t first_index = 0);
 // Up to this many segments travel in the launch's parameters instead: no
 // upload of a list, for single and few-segment transfers.

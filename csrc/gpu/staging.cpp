@@ -90,8 +90,8 @@ StagingSet::Lane& StagingSet::LaneOf(int device) {
 void StagingSet::Copy(int i, const std::vector<Piece>& pieces, Direction dir, int device) {
   // Below this many pieces, copy-engine copies beat a kernel launch.
   constexpr size_t kKernelMinPieces = 8;
-  // The kernel copies each list entry with one group of threads whose pass
-  // covers 4 KiB: pieces are cut to that so all groups share a chunk.
+  // The kernel copies each list entry with one group of threads: pieces are
+  // cut to 4 KiB (half a group's pass) so that many groups share a chunk.
   constexpr uint64_t kEntryBytes = 4096;
   // A set moves between threads (pooled), and any of them may copy or wait
   // while a user thread captures a graph: no call here may break that capture.

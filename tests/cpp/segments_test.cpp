@@ -153,6 +153,31 @@ void CheckStripes(const std::vector<Segment>& in, size_t parts, const std::vecto
   }
 }
 
+// The XGMI kernel's list: several transfers' segments back to back, the
+// copy split into ranges that cross list boundaries and skip empty lists.
+TEST(CopyBackToBackTest, ConcatenatesAcrossRangesAndEmptyLists) {
+  std::mt19937_64 rng(5);
+  const std::vector<std::vector<size_t>> shapes = {
+      {3000, 1500, 10}, {2048, 0, 3000},      {0, 0, 5000, 0}, {1}, {}, {0}, {4096}, {2047, 1, 2048, 2049, 0, 7000},
+      {100, 100, 100},  {20000, 13, 0, 30000}};
+  for (const std::vector<size_t>& shape : shapes) {
+    std::vector<std::vector<Segment>> owned;
+    std::vector<const std::vector<Segment>*> lists;
+    std::vector<Segment> want;
+    for (size_t n : shape) {
+      owned.emplace_back();
+      for (size_t i = 0; i < n; ++i) owned.back().push_back({rng(), rng(), rng()});
+      want.insert(want.end(), owned.back().begin(), owned.back().end());
+    }
+    for (const auto& l : owned) lists.push_back(&l);
+    std::vector<Segment> got(want.size() + 1, Segment{7, 7, 7});  // one past the end: must stay untouched
+    ASSERT_EQ(CopyBackToBack(lists, got.data()), want.size());
+    ASSERT_EQ(got.back(), (Segment{7, 7, 7})) << "wrote past the end";
+    got.pop_back();
+    EXPECT_EQ(got, want) << "shape of " << shape.size() << " lists";
+  }
+}
+
 TEST(SplitIntoStripesTest, ExactSplitOfOneSegment) {
   const std::vector<Segment> in = {{1000, 5000, 4096}};
   const auto out = SplitIntoStripes(in, TotalBytes(in), 4);

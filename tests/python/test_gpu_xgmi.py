@@ -388,9 +388,8 @@ def _pair_layouts(region, seg, seed):
     return out
 
 
-# 8 pairs: a few sets in one chunk; 32: 16 sets on a GPU (the most one
-# launch table takes) over two chunks, a set straddling the chunk boundary;
-# 40: more sets than a table takes (the rewrite into addresses).
+# 8 pairs: a few sets; 32: 16 sets on a GPU (the most one launch table
+# takes); 40: more sets than a table takes (the rewrite into addresses).
 @pytest.mark.parametrize("npairs", [8, 32, 40])
 @pytest.mark.parametrize("cfg", [{}, KERNEL_ALWAYS, COPY_ENGINES_ALWAYS, dict(kernel_max_avg_bytes=1 << 20)],
                          ids=["default", "kernel", "copy-engines", "large-alone"])

@@ -12,7 +12,6 @@
 #include "core/local_engines.h"
 #include "core/logging.h"
 #include "core/thread_name.h"
-#include "core/work_crew.h"
 #include "gpu/stream_ops.h"
 
 namespace mori_torch {
@@ -151,7 +150,7 @@ void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
 
 uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups) {
   // About two pieces per resident group, in whole 4 KiB units (which keeps
-  // 16-byte alignment): one pass of a group's loads is 4 KiB.
+  // 16-byte alignment; a group's pass of loads is 8 KiB).
   constexpr uint64_t kUnit = 4096;
   const uint64_t want = total_bytes / (2 * static_cast<uint64_t>(resident_groups > 0 ? resident_groups : 1));
   return std::max(kUnit, (want + kUnit - 1) / kUnit * kUnit);
@@ -275,21 +274,10 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     if (as_offsets) {
       // The sources' lists back to back, copied in ranges on the submit
       // helpers: 16,384 entries are 384 KiB, 10.5 us on one core.
-      std::vector<size_t> starts;
-      starts.reserve(sources.size());
-      for (const CopySource& src : sources) {
-        starts.push_back(written);
-        written += src.segs->size();
-      }
-      WorkCrew::ForRanges(written, [&](size_t, size_t begin, size_t end) {
-        size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
-        for (; begin < end; ++k) {
-          const size_t from = begin - starts[k];
-          const size_t n = std::min(end - begin, sources[k].segs->size() - from);
-          std::memcpy(static_cast<void*>(host + begin), sources[k].segs->data() + from, n * sizeof(Segment));
-          begin += n;
-        }
-      });
+      std::vector<const std::vector<Segment>*> lists;
+      lists.reserve(sources.size());
+      for (const CopySource& src : sources) lists.push_back(src.segs);
+      written = CopyBackToBack(lists, host);
     } else {
       for (const CopySource& src : sources) {
         for (const Segment& s : *src.segs) {
@@ -300,12 +288,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
         }
       }
     }
-    const auto* const device_list = reinterpret_cast<const gpu::CopySegment*>(list->device_view);
-    constexpr size_t kMaxPerLaunch = size_t{1} << 30;  // LaunchSegmentCopy counts in 32 bits
-    for (size_t at = 0; at < written; at += kMaxPerLaunch) {
-      const size_t n = std::min(kMaxPerLaunch, written - at);
-      gpu::LaunchSegmentCopy(device_list + at, static_cast<uint32_t>(n), lane.stream, bases, at);
-    }
+    gpu::LaunchSegmentCopy(reinterpret_cast<const gpu::CopySegment*>(list->device_view), written, lane.stream, bases);
     gpu::RecordEvent(list->consumed, lane.stream);
   } catch (...) {
     // Whatever was enqueued still reads the list: wait for it before reuse.
