@@ -73,8 +73,8 @@ const std::vector<Entry>& Rows() {
           "round trips where cores are spare; on busy cores it costs milliseconds."),
       Int(E, "MORI_TORCH_SUBMIT_HELPERS", -1, -1, 64,
           "Helper threads that read and check long batches' offset lists alongside the submitting thread "
-          "(4,096 segments or more), and write the XGMI copy kernel's list; 0: none; -1: one per 4 usable "
-          "CPUs beyond the first 4, at most 3."),
+          "(4,096 segments or more), and write the XGMI copy kernel's list; 0: none; -1: none below 8 usable "
+          "CPUs, else one per 2 CPUs beyond the first 2, at most 7."),
       Int(E, "MORI_TORCH_HELPER_SPIN_US", 200, 0, 1000000,
           "How long those helpers keep polling (yielding) after a batch before they sleep (us), so that the "
           "next batch of a burst finds them awake; while batches come less than 1 ms apart they poll through "

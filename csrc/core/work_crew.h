@@ -39,7 +39,7 @@ class WorkCrew {
   WorkCrew& operator=(const WorkCrew&) = delete;
 
   // The process's crew, made on first use: MORI_TORCH_SUBMIT_HELPERS
-  // helpers (auto: one per 4 usable CPUs beyond the first 4, at most 3),
+  // helpers (auto: none below 8 usable CPUs, else one per 2 beyond the first 2, at most 7),
   // MORI_TORCH_HELPER_SPIN_US. Never destroyed (its threads sleep).
   static WorkCrew& Shared();
 

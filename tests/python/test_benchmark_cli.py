@@ -43,6 +43,8 @@ def test_batch_write_session_json(tmp_path):
     assert r["gbps"] > 0 and r["baseline_gbps"] > 0
     assert r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
     assert r["p99_us"] >= r["p50_us"] > 0
+    assert r["ratio_p50"] == pytest.approx(r["baseline"]["p50_us"] / r["p50_us"])
+    assert "p50 ratio" in p.stdout
     assert r["verified"] is True
     assert r["command"][1:] == p.args[3:]
 
