@@ -235,7 +235,10 @@ _UNSUPPORTED_BACKENDS = {
 def _uid_or_upstream(uid, transfer_uid, where: str):
     """The per-transfer calls take upstream's ``transfer_uid=`` themselves
     rather than through _upstream_keywords, whose extra frame costs about
-    0.15 us a call; this is that wrapper's rule for them."""
+    0.15 us a call; this is that wrapper's rule for them (called when
+    either is None)."""
+    if transfer_uid is None:
+        raise TypeError(f"{where}() missing its uid (or upstream's transfer_uid=)")
     if uid is not None:
         raise TypeError(f"{where}: got both uid= and its upstream name transfer_uid=")
     return transfer_uid
@@ -569,7 +572,7 @@ class IOEngineSession:
              transfer_uid: int = None) -> TransferStatus:
         """Reads ``size`` bytes at ``remote_offset`` of the remote memory into ``local_offset`` of the
         local one; returns at once with the transfer's status."""
-        if transfer_uid is not None:
+        if uid is None or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngineSession.read")
         self._check_open()
         return TransferStatus(_session_transfer(self._s, True, local_offset, remote_offset, size, uid))
@@ -578,7 +581,7 @@ class IOEngineSession:
               transfer_uid: int = None) -> TransferStatus:
         """Writes ``size`` bytes at ``local_offset`` of the local memory to ``remote_offset`` of the
         remote one; returns at once with the transfer's status."""
-        if transfer_uid is not None:
+        if uid is None or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngineSession.write")
         self._check_open()
         return TransferStatus(_session_transfer(self._s, False, local_offset, remote_offset, size, uid))
@@ -755,7 +758,7 @@ class IOEngine:
              transfer_uid=None) -> TransferStatus:
         """Reads ``size`` bytes at ``remote_offset`` of ``remote_src`` into ``local_offset`` of
         ``local_dest``; returns at once with the transfer's status."""
-        if transfer_uid is not None:
+        if uid is None or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngine.read")
         local = _check_desc("local_dest", local_dest, MemoryDesc)
         remote = _check_desc("remote_src", remote_src, MemoryDesc)
@@ -767,7 +770,7 @@ class IOEngine:
               transfer_uid=None) -> TransferStatus:
         """Writes ``size`` bytes at ``local_offset`` of ``local_src`` to ``remote_offset`` of
         ``remote_dest``; returns at once with the transfer's status."""
-        if transfer_uid is not None:
+        if uid is None or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngine.write")
         local = _check_desc("local_src", local_src, MemoryDesc)
         remote = _check_desc("remote_dest", remote_dest, MemoryDesc)

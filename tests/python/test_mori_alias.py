@@ -155,6 +155,10 @@ def test_upstream_keyword_names_move_data():
         assert p.target.pop_inbound_transfer_status(p.init.key, transfer_uid=7) is not None
         with pytest.raises(TypeError, match="got both uid= and its upstream name transfer_uid="):
             sess.write(0, 0, 8, uid=1, transfer_uid=1)
+        with pytest.raises(TypeError, match=r"IOEngineSession.read\(\) missing its uid"):
+            sess.read(0, 0, 8)
+        with pytest.raises(TypeError, match=r"IOEngine.write\(\) missing its uid"):
+            p.init.write(p.local_desc, 0, p.remote_desc, 0, 8)
         p.init.deregister_remote_engine(engine_desc=p.target.get_engine_desc())
         p.init.register_remote_engine(engine_desc=p.target.get_engine_desc())
         p.init.deregister_memory(mem_desc=p.local_desc)
