@@ -232,6 +232,10 @@ _UNSUPPORTED_BACKENDS = {
 }
 
 
+def _both_names(where: str, own: str, up: str) -> TypeError:
+    return TypeError(f"{where}: got both {own}= and its upstream name {up}=")
+
+
 def _uid_or_upstream(uid, transfer_uid, where: str):
     """The per-transfer calls take upstream's ``transfer_uid=`` themselves
     rather than through _upstream_keywords, whose extra frame costs about
@@ -240,7 +244,7 @@ def _uid_or_upstream(uid, transfer_uid, where: str):
     if transfer_uid is None:
         raise TypeError(f"{where}() missing its uid (or upstream's transfer_uid=)")
     if uid is not None:
-        raise TypeError(f"{where}: got both uid= and its upstream name transfer_uid=")
+        raise _both_names(where, "uid", "transfer_uid")
     return transfer_uid
 
 
@@ -271,7 +275,7 @@ def _upstream_keywords(**aliases: str):
                 for up, own in aliases.items():
                     if up in kwargs:
                         if own in kwargs:
-                            raise TypeError(f"{fn.__qualname__}: got both {own}= and its upstream name {up}=")
+                            raise _both_names(fn.__qualname__, own, up)
                         kwargs[own] = kwargs.pop(up)
             return fn(*args, **kwargs)
 
