@@ -167,7 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "so that load changes on the machine hit both alike (default: 1)")
     m.add_argument("--no-notification", action="store_true",
                    help="TcpBackendConfig.enable_notification=False (default: notifications on, as in MORI-IO)")
-    m.add_argument("--no-baseline", action="store_true", help="skip the socket-loopback baseline")
+    m.add_argument("--no-baseline", action="store_true", help="skip the baseline")
+    m.add_argument("--copy-baseline", choices=("local", "peer"), default="local",
+                   help="xgmi: what the torch copy_ baseline copies to and from: local = a second tensor that "
+                   "this process allocates on the target's GPU (default); peer = the target process's own "
+                   "buffer, the memory mori_torch moves to and from, opened here through torch's CUDA IPC "
+                   "(torch.multiprocessing), as two processes sharing tensors with torch would copy")
     m.add_argument("--baseline-conns", type=_positive_int, default=None,
                    help="force the baseline's connection count (default: the engine's stripe count, "
                    "min(num_data_conns, ceil(total / 64 KiB)), 1 below 64 KiB)")
@@ -192,6 +197,9 @@ def check_args(args: argparse.Namespace) -> None:
         if not torch.cuda.is_available():
             need = "--backend xgmi" if args.backend == "xgmi" else "--mem-type gpu"
             raise BenchError(f"{need} needs a CUDA/HIP GPU; none is visible")
+    if args.copy_baseline == "peer" and args.backend != "xgmi":
+        raise BenchError(f"--copy-baseline peer is a torch copy_ between GPU peers: it needs --backend xgmi, "
+                         f"not {args.backend}")
     if args.json_append and not args.json:
         raise BenchError("--json-append needs --json PATH")
 
@@ -578,6 +586,10 @@ def _target_main(conn, cfg: dict) -> None:
                 kind, seed, nbytes = a
                 buf.fill(kind, seed, nbytes)
                 conn.send(("ok",))
+            elif cmd == "share":
+                # The buffer itself: the Pipe pickles a CUDA tensor as a CUDA
+                # IPC handle (torch.multiprocessing's reductions).
+                conn.send(("ok", buf.mem))
             elif cmd == "digest":
                 offsets, seg = a
                 conn.send(("ok", buf.digest(offsets, seg)))
@@ -705,7 +717,10 @@ class Initiator:
             self.sess = self.engine.create_session(self.mem, self.remote_mem)
             if self.sess is None:
                 raise BenchError("create_session returned None: no backend can serve this memory pair")
-            if not args.no_baseline and args.backend == "xgmi":
+            if not args.no_baseline and args.backend == "xgmi" and args.copy_baseline == "peer":
+                # torch copy_ to and from the target process's buffer, opened here by CUDA IPC.
+                self.copy_src = self.target.call("share")[1]
+            elif not args.no_baseline and args.backend == "xgmi":
                 # torch copy_ between the same two GPUs; the target's side is a tensor here.
                 self.copy_src = torch.empty(buffer_bytes, dtype=torch.uint8, device=theirs)
             elif not args.no_baseline:
@@ -876,11 +891,19 @@ class Initiator:
         return lat[warmup:]
 
 
+def baseline_kind(args) -> str:
+    if args.backend != "xgmi":
+        return "socket_loopback"
+    return "torch_copy_peer" if args.copy_baseline == "peer" else "torch_copy"
+
+
 def baseline_description(args) -> str:
     if args.backend == "xgmi":
         a, b = gpu_devices(args.backend)
-        return (f"torch copy_ of the same bytes between {b} and {a} in this run (the memory's or the link's speed); "
-                "ratio = mori_torch GB/s / copy_ GB/s (1.0 = as fast as copy_)")
+        there = ("the target process's buffer on " + b + " (CUDA IPC, as torch.multiprocessing shares it)"
+                 if args.copy_baseline == "peer" else b)
+        return (f"torch copy_ of the same bytes between {there} and {a} in this run (the memory's or the link's "
+                "speed); ratio = mori_torch GB/s / copy_ GB/s (1.0 = as fast as copy_)")
     return ("plain TCP sockets moving the same bytes between the same two processes over as many "
             "connections, in this run; ratio = mori_torch GB/s / baseline GB/s (1.0 = as fast as raw sockets)")
 
@@ -985,7 +1008,7 @@ def run(args, argv: Sequence[str]) -> List[dict]:
             if not args.no_baseline:
                 base = summarize(case.total, blat)
                 rec["baseline"] = dict(
-                    kind="torch_copy" if init.copy_src is not None else "socket_loopback",
+                    kind=baseline_kind(args),
                     conns=None if init.copy_src is not None else len(init.baseline_parts(case)),
                     p50_us=base["p50_us"],
                     p99_us=base["p99_us"],

@@ -236,14 +236,25 @@ def _both_names(where: str, own: str, up: str) -> TypeError:
     return TypeError(f"{where}: got both {own}= and its upstream name {up}=")
 
 
+class _NoUid:
+    """The default of a per-transfer call's ``uid``: distinct from None, so an
+    explicit ``uid=None`` still fails as a wrong type ("uid must be an int")."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_NO_UID = _NoUid()
+
+
 def _uid_or_upstream(uid, transfer_uid, where: str):
     """The per-transfer calls take upstream's ``transfer_uid=`` themselves
     rather than through _upstream_keywords, whose extra frame costs about
-    0.15 us a call; this is that wrapper's rule for them (called when
-    either is None)."""
+    0.15 us a call; this is that wrapper's rule for them (called when uid is
+    missing or transfer_uid is given)."""
     if transfer_uid is None:
         raise TypeError(f"{where}() missing its uid (or upstream's transfer_uid=)")
-    if uid is not None:
+    if uid is not _NO_UID:
         raise _both_names(where, "uid", "transfer_uid")
     return transfer_uid
 
@@ -572,20 +583,20 @@ class IOEngineSession:
         self._check_open()
         return _transfer_uid(self._s)
 
-    def read(self, local_offset: int, remote_offset: int, size: int, uid: int = None, *,
+    def read(self, local_offset: int, remote_offset: int, size: int, uid: int = _NO_UID, *,
              transfer_uid: int = None) -> TransferStatus:
         """Reads ``size`` bytes at ``remote_offset`` of the remote memory into ``local_offset`` of the
         local one; returns at once with the transfer's status."""
-        if uid is None or transfer_uid is not None:
+        if uid is _NO_UID or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngineSession.read")
         self._check_open()
         return TransferStatus(_session_transfer(self._s, True, local_offset, remote_offset, size, uid))
 
-    def write(self, local_offset: int, remote_offset: int, size: int, uid: int = None, *,
+    def write(self, local_offset: int, remote_offset: int, size: int, uid: int = _NO_UID, *,
               transfer_uid: int = None) -> TransferStatus:
         """Writes ``size`` bytes at ``local_offset`` of the local memory to ``remote_offset`` of the
         remote one; returns at once with the transfer's status."""
-        if uid is None or transfer_uid is not None:
+        if uid is _NO_UID or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngineSession.write")
         self._check_open()
         return TransferStatus(_session_transfer(self._s, False, local_offset, remote_offset, size, uid))
@@ -758,11 +769,11 @@ class IOEngine:
             return e.allocate_transfer_uid()  # raises: shut down
         return _transfer_uid(e)
 
-    def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid=None, *,
+    def read(self, local_dest, local_offset, remote_src, remote_offset, size, uid=_NO_UID, *,
              transfer_uid=None) -> TransferStatus:
         """Reads ``size`` bytes at ``remote_offset`` of ``remote_src`` into ``local_offset`` of
         ``local_dest``; returns at once with the transfer's status."""
-        if uid is None or transfer_uid is not None:
+        if uid is _NO_UID or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngine.read")
         local = _check_desc("local_dest", local_dest, MemoryDesc)
         remote = _check_desc("remote_src", remote_src, MemoryDesc)
@@ -770,11 +781,11 @@ class IOEngine:
             self._e.refuse("read")
         return TransferStatus(_engine_transfer(self._e, True, local, local_offset, remote, remote_offset, size, uid))
 
-    def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid=None, *,
+    def write(self, local_src, local_offset, remote_dest, remote_offset, size, uid=_NO_UID, *,
               transfer_uid=None) -> TransferStatus:
         """Writes ``size`` bytes at ``local_offset`` of ``local_src`` to ``remote_offset`` of
         ``remote_dest``; returns at once with the transfer's status."""
-        if uid is None or transfer_uid is not None:
+        if uid is _NO_UID or transfer_uid is not None:
             uid = _uid_or_upstream(uid, transfer_uid, "IOEngine.write")
         local = _check_desc("local_src", local_src, MemoryDesc)
         remote = _check_desc("remote_dest", remote_dest, MemoryDesc)

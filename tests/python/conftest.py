@@ -4,6 +4,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -124,6 +125,26 @@ def _target_main(conn, key, nbytes, tcp_kwargs, opts):
             eng.shutdown()
             conn.send(True)
             return
+
+
+def _thread_state(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # the thread ended
+        return None
+
+
+def freeze(pid, timeout_s=10.0):
+    """SIGSTOP, then wait until every thread of the process has stopped:
+    kill() returns before they all have, and until then the process may still
+    serve a transfer issued right after (which made stalled-peer tests flaky)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not all(_thread_state(pid, t) in ("T", "t", None) for t in os.listdir(f"/proc/{pid}/task")):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop within {timeout_s} s of SIGSTOP")
+        time.sleep(0.005)
 
 
 def resume(pid):

@@ -121,3 +121,27 @@ def test_gpu_memory(tmp_path, backend, op):
     assert r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
     if backend == "xgmi":
         assert "baseline: torch copy_ of the same bytes between cuda:" in p.stderr
+
+
+def test_peer_copy_baseline_needs_xgmi():
+    p = _run("--copy-baseline", "peer", "--iters", "1", timeout=60)
+    assert p.returncode == 1
+    assert "--copy-baseline peer is a torch copy_ between GPU peers: it needs --backend xgmi, not tcp" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+def test_xgmi_peer_copy_baseline(tmp_path):
+    # copy_ to and from the target process's own buffer, opened through CUDA IPC.
+    out = tmp_path / "bench.json"
+    p = _run(
+        "--backend", "xgmi", "--op-type", "both", "--buffer-size", "1M", "--transfer-batch-size", "1",
+        "--iters", "4", "--warmup", "1", "--copy-baseline", "peer", "--json", str(out),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = json.loads(out.read_text())
+    assert [r["op"] for r in recs] == ["read", "write"]
+    for r in recs:
+        assert r["verified"] is True and r["baseline"]["kind"] == "torch_copy_peer"
+        assert r["baseline_gbps"] > 0 and r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
+    assert "the target process's buffer on cuda:" in p.stderr

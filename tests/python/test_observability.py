@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from conftest import Pair, RemoteTarget, make_engine, pattern, resume, unique_key, wait_ok
+from conftest import Pair, RemoteTarget, freeze, make_engine, pattern, resume, unique_key, wait_ok
 from mori_torch import log as mlog
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, StatusCode
 
@@ -95,17 +95,6 @@ def test_stats_count_refused_transfers_by_code():
         stranger.shutdown()
 
 
-def _all_threads_stopped(pid):
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "T":
-                    return False
-        except FileNotFoundError:
-            pass
-    return True
-
-
 def test_stats_in_flight_and_a_failed_transfer():
     target = RemoteTarget(nbytes=4 << 20)
     init = make_engine("init")
@@ -115,10 +104,7 @@ def test_stats_in_flight_and_a_failed_transfer():
         local = init.register_torch_tensor(buf)
         wait_ok(init.write(local, 0, target.mem_desc, 0, 64, 1))  # connected
 
-        os.kill(target.pid, signal.SIGSTOP)
-        deadline = time.time() + 10
-        while not _all_threads_stopped(target.pid) and time.time() < deadline:
-            time.sleep(0.01)
+        freeze(target.pid)
         st = init.write(local, 0, target.mem_desc, 0, 4 << 20, 2)
         time.sleep(0.2)
         assert st.Code() == StatusCode.IN_PROGRESS

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import Pair, unique_key, wait_ok
+from conftest import Pair, freeze, unique_key, wait_ok
 from mori_torch import ops
 from mori_torch.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
 
@@ -697,7 +697,7 @@ def test_stalled_peer_releases_the_stream_and_a_first_kernel_launch_is_bounded()
         local = torch.zeros(PAGE * PAGES, dtype=torch.uint8, pin_memory=True)
         sess = eng.create_session(eng.register_torch_tensor(local), target.mem_desc)
         h = ops.session_handle(sess)
-        os.kill(target.pid, signal.SIGSTOP)
+        freeze(target.pid)
         try:
             s = torch.cuda.Stream()
             t0 = time.monotonic()

@@ -13,7 +13,7 @@ import uuid
 import pytest
 import torch
 
-from conftest import make_directory, make_engine, pattern, wait_ok
+from conftest import freeze, make_directory, make_engine, pattern, wait_ok
 from mori_torch.io import MemoryDesc, StatusCode
 from mori_torch.rendezvous import LookupTimeout, MalformedEntryError, RendezvousError, TorchStoreDirectory
 
@@ -42,14 +42,6 @@ def read_all(engine, remote: MemoryDesc) -> torch.Tensor:
     wait_ok(engine.read(engine.register_torch_tensor(local), 0, remote, 0, remote.size,
                         engine.allocate_transfer_uid()))
     return local
-
-
-def _thread_state(pid, tid):
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:  # the thread ended
-        return None
 
 
 class PeerProcess:
@@ -83,15 +75,10 @@ class PeerProcess:
         return self.expect(word)
 
     def signal(self, sig):
-        os.kill(self.proc.pid, sig)
         if sig == signal.SIGSTOP:
-            # kill() returns before every thread has stopped; until then the
-            # engine may still answer a transfer issued right after.
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not all(
-                    _thread_state(self.proc.pid, t) in ("T", "t", None)
-                    for t in os.listdir(f"/proc/{self.proc.pid}/task")):
-                time.sleep(0.01)
+            freeze(self.proc.pid)
+        else:
+            os.kill(self.proc.pid, sig)
 
     def stop(self):
         if self.proc.poll() is None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import wire
-from conftest import RemoteTarget, make_engine, unique_key, wait_ok
+from conftest import RemoteTarget, freeze, make_engine, unique_key, wait_ok
 from mori_torch.io import (
     BackendType,
     EngineDesc,
@@ -333,11 +333,11 @@ def test_failed_write_never_lands_later(tmp_path):
                     view[:size] = bytes(size)
                     local[:size].fill_(value)
                     if stop == "before":
-                        os.kill(tgt.pid, signal.SIGSTOP)
+                        freeze(tgt.pid)
                     st = init.write(ld, 0, tgt.mem_desc, 0, size, init.allocate_transfer_uid())
                     if stop != "before":
                         time.sleep(stop)
-                        os.kill(tgt.pid, signal.SIGSTOP)
+                        freeze(tgt.pid)
                     code = st.WaitFor(20000)
                     snapshot = view[:size] if code != StatusCode.SUCCESS else None
                     os.kill(tgt.pid, signal.SIGCONT)

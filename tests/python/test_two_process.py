@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import RemoteTarget, make_engine, pattern, resume, wait_ok
+from conftest import RemoteTarget, freeze, make_engine, pattern, resume, wait_ok
 from mori_torch.io import StatusCode
 
 
@@ -82,7 +82,7 @@ def test_peer_dies_mid_transfer_other_peer_unaffected(how):
         wait_ok(init.write(ld, 0, victim.mem_desc, 0, 1 << 20, init.allocate_transfer_uid()))  # connections up
         # Freeze the victim so our transfers are certainly in flight, then
         # kill it (connections reset) or leave it frozen (only the timeout helps).
-        os.kill(victim.pid, signal.SIGSTOP)
+        freeze(victim.pid)
         sts = _stalled_transfers(init, ld, victim.mem_desc, size=64 << 20)
         time.sleep(0.2)
         t0 = time.monotonic()
@@ -144,7 +144,7 @@ def test_submitting_threads_never_wait_for_a_full_send_buffer():
         local = pattern(32 << 20, 21)
         ld = init.register_torch_tensor(local)
         wait_ok(init.write(ld, 0, tgt.mem_desc, 0, 4096, init.allocate_transfer_uid()))  # connected
-        os.kill(tgt.pid, signal.SIGSTOP)
+        freeze(tgt.pid)
         # Writes just under inline_max_bytes (64 KiB), so that two of them
         # fill the send buffer; 24 MiB in all, many times both buffers.
         threads, size, per_thread = 8, 60 << 10, 50
