@@ -153,7 +153,7 @@ const std::vector<Entry>& Rows() {
       Int(Tcp, "num_data_conns", 8, 1, 64, "Data connections per peer."),
       Int(Tcp, "striping_threshold_bytes", 64 << 10, 1, kTiB,
           "Transfers of at least this many bytes are striped across the data connections."),
-      Int(Tcp, "connect_timeout_ms", 5000, 1, 1 << 30, "Bound on connecting to a peer."),
+      Int(Tcp, "connect_timeout_ms", 5000, 1, 1 << 30, "Bound on connecting to a peer (and at most op_timeout_ms)."),
       Bool(Tcp, "enable_notification", true, "Record inbound completion notices on the target."),
       Int(Tcp, "staging_chunk_bytes", 512 << 10, 4096, INT64_C(1) << 30,
           "GPU memory: bytes of one pinned staging chunk."),

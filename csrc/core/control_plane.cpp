@@ -443,7 +443,8 @@ Socket OpenEngineConnection(const EngineDesc& self, const EngineDesc& remote, Co
   if (!r.ok) {
     // Reset or closed mid-handshake: the link's fault (a retry may work);
     // a timeout is not.
-    throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error, 0,
+    const std::string bound = r.timed_out ? " (connecting bound: " + std::to_string(timeout_ms) + " ms)" : "";
+    throw Error(StatusCode::ERR_BAD_STATE, where + ": handshake failed: " + r.error + bound, 0,
                 r.timed_out ? ErrorCause::kUnspecified : ErrorCause::kPathFailed);
   }
   if (reply.type == FrameType::Error) throw DecodeErrorPayload(reply, where);

@@ -64,6 +64,29 @@ def test_write_then_read_across_processes(remote, use_session):
                 time.sleep(0.005)
 
 
+def test_first_transfer_to_a_stopped_peer_fails_by_op_timeout():
+    # The peer's kernel still accepts the connection, but the engine never
+    # answers its handshake: the transfer must fail by op_timeout_ms, not
+    # wait out the much longer connect_timeout_ms.
+    init = make_engine("init-first", num_data_conns=1, op_timeout_ms=800, connect_timeout_ms=30000)
+    tgt = RemoteTarget(nbytes=1 << 20)
+    try:
+        init.register_remote_engine(tgt.engine_desc)
+        ld = init.register_torch_tensor(pattern(4096, 5))
+        freeze(tgt.pid)
+        t0 = time.monotonic()
+        st = init.write(ld, 0, tgt.mem_desc, 0, 4096, init.allocate_transfer_uid())
+        code = st.WaitFor(20000)
+        took = time.monotonic() - t0
+        assert code not in (StatusCode.SUCCESS, StatusCode.IN_PROGRESS), st.Message()
+        assert 0.5 < took < 5, f"failed after {took:.2f} s: {st.Message()}"
+        assert "timed out" in st.Message() and "(connecting bound: 800 ms)" in st.Message(), st.Message()
+    finally:
+        resume(tgt.pid)
+        tgt.close()
+        init.shutdown()
+
+
 def _stalled_transfers(init, ld, desc, count=8, size=8 << 20):
     return [init.write(ld, 0, desc, 0, size, init.allocate_transfer_uid()) for _ in range(count)]
 

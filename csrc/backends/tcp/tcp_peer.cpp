@@ -1,5 +1,6 @@
 #include "backends/tcp/tcp_backend.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/control_plane.h"
@@ -64,10 +65,13 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
   auto& c = conns_[i];
   if (c && c->Usable()) return c;
   // Connecting happens in the connection's first send job: a slow or hung
-  // peer never blocks the caller's submit.
+  // peer never blocks the caller's submit. It gives up by op_timeout_ms too:
+  // the transfers waiting on it have failed by then anyway, and a peer that
+  // accepts but never answers (stopped, hung) must not hold them longer.
   auto connect = [self = self_, remote = remote_, cfg = cfg_, secret = secret_]() {
+    const auto timeout_ms = static_cast<int>(std::min(cfg.connect_timeout_ms, cfg.op_timeout_ms));
     Socket s = OpenEngineConnection(self, remote, ConnectionKind::Data, static_cast<uint8_t>(BackendType::TCP),
-                                    static_cast<int>(cfg.connect_timeout_ms), secret);
+                                    timeout_ms, secret);
     // Requests are written whole: with NODELAY they never wait for acks.
     SetNoDelay(s.fd(), cfg.enable_ctrl_nodelay);
     SetBufferSizes(s.fd(), static_cast<int>(cfg.sock_sndbuf_bytes), static_cast<int>(cfg.sock_rcvbuf_bytes));
