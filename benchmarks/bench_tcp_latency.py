@@ -15,9 +15,10 @@ on the machine hit every case alike):
   the server still blocking;
 * mori_torch ``read`` and ``write`` of one segment, call -> ``Succeeded()``
   polled (as an application polls) and call -> ``Wait()`` returned, with the
-  default ``TcpBackendConfig`` and with ``inline_max_bytes=0`` (every request
-  handed to the backend's worker threads, the behaviour before inline
-  handling).
+  default ``TcpBackendConfig``, with ``poller_receives=False`` (responses
+  read by the event loop only, not by the polling thread) and with
+  ``inline_max_bytes=0`` (every request handed to the backend's worker
+  threads, the behaviour before inline handling).
 
 Reported per case: p50, p90, p99 (microseconds) over all rounds, the ratio of
 the p50 to the socket's p50 and of the p99 to the own p50. Every read's bytes
@@ -47,7 +48,7 @@ from mori_torch.io import (  # noqa: E402
 )
 
 REQUEST_BYTES = 80  # tcp_protocol.h RequestHeader
-CONFIGS = {"default": {}, "inline off": {"inline_max_bytes": 0}}
+CONFIGS = {"default": {}, "poller off": {"poller_receives": False}, "inline off": {"inline_max_bytes": 0}}
 
 
 def _pattern(n: int) -> torch.Tensor:

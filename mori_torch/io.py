@@ -217,6 +217,11 @@ class TcpBackendConfig:
     # and received and served by the event loop when all their bytes are
     # there, with no hand-off to a worker thread (0: always hand off).
     inline_max_bytes: int = 64 * 1024
+    # Where the event loop sleeps between events (MORI_TORCH_LOOP_SPIN_US 0,
+    # the default below 16 CPUs), a thread polling a small host-memory
+    # transfer's status reads its response itself once it is all there,
+    # saving the loop thread's wake-up.
+    poller_receives: bool = True
 
 
 _CONFIG_TYPES = {

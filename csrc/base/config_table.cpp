@@ -164,6 +164,9 @@ const std::vector<Entry>& Rows() {
       Int(Tcp, "inline_max_bytes", 64 << 10, 0, 1 << 30,
           "Host-memory requests up to this size are sent by the submitting thread and received and served by "
           "the event loop when all their bytes are there, without a hand-off to a worker (0: always hand off)."),
+      Bool(Tcp, "poller_receives", true,
+           "Where the event loop sleeps between events (MORI_TORCH_LOOP_SPIN_US 0), a thread polling a small "
+           "host-memory transfer's status reads its response itself once it is all there."),
 
       // RdmaBackendConfig: MORI-IO's fields (its own messages for its checks), plus extensions.
       Int(Rdma, "qp_per_transfer", 1, 1, 64, "RC QPs per rail and peer."),

@@ -64,6 +64,9 @@ class EventLoop {
   // one it had). No-op if it was removed.
   static constexpr int64_t kKeepIdle = INT64_MIN;
   void Rearm(int fd, uint32_t events, int64_t idle_ms = kKeepIdle);
+  // Whether the loop polls epoll for a while after events (spin_us_) rather
+  // than sleeping at once.
+  bool Spins() const { return spin_us_ > 0; }
   // Stops watching fd. When it returns, fd's handler is not running (unless
   // called from that handler) and will not run again, so the fd may close.
   void Remove(int fd);

@@ -95,10 +95,11 @@ void TransferStatus::NotifyIfTerminal(StatusCode code) {
   if (IsTerminal(code)) cv_.notify_all();
 }
 
-void TransferStatus::SetProgressHook(std::function<void()> hook) {
+void TransferStatus::SetProgressHook(std::function<void()> hook, bool polled_only) {
   std::lock_guard<std::mutex> lk(mu_);
   if (IsTerminal(PeekCode())) return;
   progress_ = std::make_shared<std::function<void()>>(std::move(hook));
+  polled_only_ = polled_only;
 }
 
 void TransferStatus::SetOutcomeHook(OutcomeHook hook) {
@@ -124,7 +125,7 @@ StatusCode TransferStatus::WaitFor(int64_t timeout_ms) {
   bool spin_long;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    spin_long = progress_ != nullptr;
+    spin_long = progress_ != nullptr && polled_only_;
   }
   const auto spin_until = Clock::now() + std::chrono::microseconds(spin_long ? 500 : 50);
   while (Clock::now() < spin_until && (forever || Clock::now() < deadline)) {
@@ -141,7 +142,7 @@ StatusCode TransferStatus::WaitFor(int64_t timeout_ms) {
     c = PeekCode();
     if (IsTerminal(c)) return c;
     // Poll-completed statuses are re-polled every 20 us; others sleep until notified.
-    const bool polled = progress_ != nullptr;
+    const bool polled = progress_ != nullptr && polled_only_;
     auto until = polled ? Clock::now() + std::chrono::microseconds(20) : deadline;
     if (!forever && until > deadline) until = deadline;
     if (forever && !polled) {

@@ -22,7 +22,8 @@ class TransferStatus {
   TransferStatus& operator=(const TransferStatus&) = delete;
 
   // Code() runs the progress hook first, so polling alone drives
-  // poll-completed transfers (GPU events) to their end.
+  // poll-completed transfers (GPU events) to their end, and a poller of a
+  // small TCP transfer receives its response itself.
   StatusCode Code();
   StatusCode PeekCode() const { return static_cast<StatusCode>(code_.load(std::memory_order_acquire)); }
   std::string Message() const;
@@ -55,9 +56,12 @@ class TransferStatus {
   // long. Returns the code seen last (IN_PROGRESS at the deadline).
   StatusCode WaitFor(int64_t timeout_ms);
 
-  // Installed by backends whose completion must be polled. Called with no
-  // lock held, possibly from several threads at once.
-  void SetProgressHook(std::function<void()> hook);
+  // Installed by backends whose completion is polled. Called with no lock
+  // held, possibly from several threads at once. `polled_only`: nothing but
+  // polling ends the transfer (a GPU event), so Wait() polls too; false: a
+  // poll only may end it sooner (another thread ends it anyway), so Wait()
+  // sleeps until told as for any status.
+  void SetProgressHook(std::function<void()> hook, bool polled_only = true);
 
   // The engine's counters for this transfer: ended (TransferCounters::End)
   // with the first terminal code, on the thread that sets it.
@@ -74,6 +78,7 @@ class TransferStatus {
   std::condition_variable cv_;
   std::string message_;
   std::shared_ptr<std::function<void()>> progress_;
+  bool polled_only_ = false;  // of progress_ (SetProgressHook)
   TransferRecord record_;
   OutcomeHook outcome_;
 };

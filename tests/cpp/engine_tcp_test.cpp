@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -352,6 +354,78 @@ TEST_P(EngineTcpTest, ConcurrentTransfersFromSeveralThreads) {
     });
   }
   for (auto& th : ts) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  ExpectModel();
+  for (auto& v : uids) {
+    for (TransferUid u : v) ExpectNoticeOnce(u);
+  }
+}
+
+TEST_P(EngineTcpTest, PollingThreadsReceiveSmallResponsesThemselves) {
+  // Small transfers of host memory are ended by whoever polls first: the
+  // submitting thread's Code() loop, a second thread polling every status,
+  // or the event loop. Several in flight per thread, reads and writes;
+  // every byte and every notice is checked.
+  constexpr int kThreads = 3, kRounds = 40, kInFlight = 8;
+  constexpr size_t kSlice = kBuf / kThreads;
+  auto sess = a_->CreateSession(amem_, bmem_);
+  ASSERT_NE(sess, nullptr);
+  std::mutex shared_mu;
+  std::vector<StatusPtr> shared;  // polled by the meddler too
+  std::atomic<bool> stop{false};
+  std::thread meddler([&] {
+    while (!stop.load()) {
+      std::vector<StatusPtr> snap;
+      {
+        std::lock_guard<std::mutex> lk(shared_mu);
+        snap = shared;
+      }
+      for (auto& st : snap) st->Code();
+    }
+  });
+  std::vector<std::thread> ts;
+  std::vector<std::vector<TransferUid>> uids(kThreads);
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(2000 + t);
+      for (int r = 0; r < kRounds; ++r) {
+        // Disjoint ranges within the round: in-flight transfers never overlap.
+        const size_t span = kSlice / kInFlight;
+        std::vector<StatusPtr> sts;
+        Lists l[kInFlight];
+        bool reads[kInFlight];
+        for (int i = 0; i < kInFlight; ++i) {
+          const int64_t size = 1 + rng() % (16 << 10);
+          const int64_t lo = t * kSlice + i * span + rng() % (span - size + 1);
+          const int64_t ro = t * kSlice + i * span + rng() % (span - size + 1);
+          reads[i] = rng() % 2;
+          const TransferUid uid = a_->AllocateTransferUid();
+          sts.push_back(reads[i] ? sess->Read(lo, ro, size, uid) : sess->Write(lo, ro, size, uid));
+          l[i].Add(lo, ro, size);
+          uids[t].push_back(uid);
+        }
+        {
+          std::lock_guard<std::mutex> lk(shared_mu);
+          shared.insert(shared.end(), sts.begin(), sts.end());
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kInFlight; ++i) {
+          while (!IsTerminal(sts[i]->Code()) && MsSince(t0) < kWaitMs) {
+          }
+          if (sts[i]->PeekCode() != StatusCode::SUCCESS) {
+            ++failures;
+            ADD_FAILURE() << "thread " << t << " round " << r << " op " << i << ": " << sts[i]->Message();
+            continue;
+          }
+          Model(reads[i], want_a_, want_b_, l[i]);  // slices are disjoint: no lock needed
+        }
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  stop = true;
+  meddler.join();
   EXPECT_EQ(failures.load(), 0);
   ExpectModel();
   for (auto& v : uids) {

@@ -34,6 +34,14 @@ def _prepare(pair, op):
     pair.remote.copy_(pattern(pair.remote.numel(), 2 if op == "write" else 1) ^ 0x5A)
 
 
+def poll_ok(status, timeout_s=20.0):
+    """Ends a status by polling Succeeded(), as an application spins."""
+    deadline = time.monotonic() + timeout_s
+    while not status.Succeeded():
+        assert not status.Failed(), status.Message()
+        assert time.monotonic() < deadline, "transfer did not end"
+
+
 def _assert_noticed_once(pair, uids):
     """Every uid's completion notice reaches the target, once."""
     key = pair.init.get_engine_desc().key
@@ -177,15 +185,18 @@ def test_session_batch_with_int64_tensors(pair, op):
         sess.batch_write(torch.zeros(2, 2, dtype=torch.int64), torch.tensor(ro), torch.full((300,), 512), 79)
 
 
-@pytest.mark.parametrize("inline_max_bytes", [0, 64 << 10, 1 << 20], ids=["handed-off", "default", "1MiB"])
-def test_inline_and_handed_off_requests_interleave(inline_max_bytes):
+@pytest.mark.parametrize("inline_max_bytes,poller_receives", [(0, True), (64 << 10, True), (64 << 10, False),
+                                                              (1 << 20, True)],
+                         ids=["handed-off", "default", "poller-off", "1MiB"])
+def test_inline_and_handed_off_requests_interleave(inline_max_bytes, poller_receives):
     """Small requests go inline (sent by the submitting thread, received and
-    served by the event loops), larger ones through the workers; mixed and
-    concurrent from several threads, every byte lands where it should and
-    every completion notice arrives once."""
+    served by the event loops, or received by the thread polling the status),
+    larger ones through the workers; mixed and concurrent from several
+    threads, statuses waited for or polled, every byte lands where it should
+    and every completion notice arrives once."""
     import threading
 
-    p = Pair(nbytes=8 << 20, num_data_conns=2, inline_max_bytes=inline_max_bytes)
+    p = Pair(nbytes=8 << 20, num_data_conns=2, inline_max_bytes=inline_max_bytes, poller_receives=poller_receives)
     try:
         p.local.copy_(pattern(p.local.numel(), 3))
         p.remote.copy_(pattern(p.remote.numel(), 4))
@@ -204,11 +215,12 @@ def test_inline_and_handed_off_requests_interleave(inline_max_bytes):
                     off = rnd.randrange(0, (region // 2) - size + 1) // 64 * 64
                     uid = sess.allocate_transfer_uid()
                     uids.append(uid)
+                    end = wait_ok if rnd.random() < 0.5 else poll_ok
                     if rnd.random() < 0.5:
-                        wait_ok(sess.write(base + off, base + off, size, uid))
+                        end(sess.write(base + off, base + off, size, uid))
                     else:
                         roff = base + region // 2 + off
-                        wait_ok(sess.read(roff, roff, size, uid))
+                        end(sess.read(roff, roff, size, uid))
                         if not torch.equal(p.local[roff:roff + size], expect_remote[roff:roff + size]):
                             errors.append(f"thread {t}: read of {size} B at {roff} differs")
             except AssertionError as e:

@@ -27,6 +27,7 @@ TcpConfig TcpConfig::FromMap(const BackendConfig& m) {
   c.staging_depth = get("staging_depth");
   c.serve_threads = get("serve_threads");
   c.inline_max_bytes = get("inline_max_bytes");
+  c.poller_receives = get("poller_receives") != 0;
   return c;
 }
 

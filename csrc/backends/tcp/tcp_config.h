@@ -39,6 +39,9 @@ struct TcpConfig {
   // mori_torch extension: requests of host memory up to this size skip the
   // worker hand-offs (backends/tcp/tcp_inline.h); 0: never.
   int64_t inline_max_bytes{};
+  // mori_torch extension: a poller of a small transfer's status reads its
+  // response (DataConn::ReceiveForCaller) where the loop does not spin.
+  bool poller_receives{};
 
   static TcpConfig FromMap(const BackendConfig& m);
 };

@@ -386,13 +386,18 @@ bool DataConn::ResponseReadyInline() {
 
 void DataConn::OnSocketEvent(uint32_t events) {
   if (events != EventLoop::kIdle) {
+    // Set before trying: a poller that holds the socket sees it when it
+    // lets go, and re-arms the watch (DoneReading).
+    event_pending_.store(true);
+    if (reading_.exchange(true)) return;
+    event_pending_.store(false);
     reader_.NewEvent();  // the inline loop may return before asking the socket
     // Whole responses of small requests are read here (tcp_inline.h); the
     // rest, a hang-up or stray bytes go to a receive job.
     for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
       if (!ReceiveOne()) return;
     }
-    if (!reader_.MoreNow()) return workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+    if (!reader_.MoreNow()) return DoneReading(/*rearm=*/true);
     auto self = shared_from_this();
     if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
     return;
@@ -447,7 +452,33 @@ void DataConn::RecvJob() {
     }
     if (!ReceiveOne()) return;
   } while (reader_.MoreNow());
-  workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+  DoneReading(/*rearm=*/true);
+}
+
+void DataConn::DoneReading(bool rearm) {
+  reading_.store(false);
+  if (event_pending_.exchange(false)) rearm = true;
+  if (rearm) workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+}
+
+void DataConn::ReceiveForCaller() {
+  {
+    // Nothing to read before the socket is connected (Connect attaches the
+    // reader under mu_) or with no request outstanding.
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!connected_ || broken_ || inflight_.empty()) return;
+  }
+  if (reading_.load(std::memory_order_relaxed) || reading_.exchange(true)) return;
+  reader_.NewEvent();  // whatever came since anyone last looked
+  for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
+    if (!ReceiveOne()) return;  // broken: nobody reads it again
+  }
+  if (reader_.buffered() == 0) return DoneReading(/*rearm=*/false);
+  // Bytes taken from the socket that no event will report again (more
+  // responses, or one not whole yet): a receive job reads on, as after a
+  // loop event.
+  auto self = shared_from_this();
+  if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
 }
 
 bool DataConn::ReceiveOne() {

@@ -94,6 +94,20 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // is readable was closed by the peer (it restarted, say): it is broken
   // here, so the caller reopens it instead of failing the next request.
   bool Usable();
+  // True if the caller's polls of `p`'s status should receive its response
+  // (ReceiveForCaller): a small request of host memory (tcp_inline.h), and
+  // a loop thread that sleeps between events (one that spins finds the
+  // response as soon, and a poller would only add its own system calls).
+  bool CallerMayReceive(const Part& p) const {
+    return cfg_.poller_receives && cfg_.inline_max_bytes > 0 && !workers_.loop->Spins() && SmallForInline(p);
+  }
+  // From a thread polling a status (its progress hook): reads the whole
+  // responses of small requests that have arrived, as the event loop would,
+  // if no other thread is reading the socket now. Never waits. A poller
+  // thus ends its transfer without waiting for the loop thread to wake up
+  // (a few microseconds of a small round trip, what a spinning peer such as
+  // UCX saves).
+  void ReceiveForCaller();
   // Ends every queued and in-flight request with `code` and `reason`;
   // `path_failed` when the connection itself failed (reset, closed by the
   // peer), so that the transfers may be retried on a fresh one. Idempotent.
@@ -117,6 +131,10 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   bool ResponseReadyInline();
   // Receive job: reads responses while bytes keep coming.
   void RecvJob();
+  // The reading thread (loop, receive job or poller) is done with the
+  // socket: it gives up reading_ and re-arms the loop's watch if `rearm`
+  // or if the loop reported the socket meanwhile (event_pending_).
+  void DoneReading(bool rearm);
   // Reads one response (its first bytes have arrived); false: broken.
   bool ReceiveOne();
   // The event loop reported the socket (readable, hung up, or quiet).
@@ -171,6 +189,12 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // Every read of the socket goes through it (the thread that holds the
   // event loop's one-shot watch: the loop or a receive job).
   SocketReader reader_{kReadAheadBytes};
+  // The socket has a reader: the loop thread in its event, a receive job it
+  // handed the socket to, or a poller (ReceiveForCaller). Taken with an
+  // exchange; a loop event that finds it taken sets event_pending_ and
+  // leaves the watch disarmed for the holder to re-arm (DoneReading).
+  std::atomic<bool> reading_{false};
+  std::atomic<bool> event_pending_{false};
   std::string recv_msg_;
 };
 

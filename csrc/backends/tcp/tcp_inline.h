@@ -3,7 +3,10 @@
 // times the request's own cost on a small machine. So a small request of
 // host memory is sent by the thread that submits it, and its response
 // received, and on the target the request served, by the event-loop thread
-// that sees it ready. These threads must never wait on the network (the loop
+// that sees it ready; where that thread sleeps between events (no loop
+// spin), a thread polling the transfer's status receives the response
+// itself when it finds it here (DataConn::ReceiveForCaller), saving the
+// loop's wake-up. These threads must never wait on the network (the loop
 // serves every connection), so they take only what cannot wait: every byte
 // of the message is already here (read ahead, or in the socket's receive
 // buffer), and what they write fits in its send buffer now. Anything else

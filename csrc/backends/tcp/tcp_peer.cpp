@@ -116,6 +116,15 @@ void TcpPeer::Submit(TransferOp op) {
     p->attempt = op.attempt;
     p->tracker = tracker;
     p->deadline = deadline;
+    if (stripes.size() == 1 && conn->CallerMayReceive(*p)) {
+      // Polling the status reads the response as soon as it is here.
+      std::weak_ptr<DataConn> weak = conn;
+      op.status->SetProgressHook(
+          [weak] {
+            if (auto c = weak.lock()) c->ReceiveForCaller();
+          },
+          /*polled_only=*/false);
+    }
     conn->Enqueue(std::move(p));
   }
 }
