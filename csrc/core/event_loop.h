@@ -46,8 +46,9 @@ class WorkerPool {
 };
 
 // epoll reactor, one-shot: a watched fd reports readiness once and stays
-// quiet until its owner re-arms it, so one socket is never handled by two
-// threads at a time. An armed fd that stays quiet longer than its idle
+// quiet until its owner re-arms it, so its handler never runs on two loop
+// threads at a time (an owner that also reads the fd from other threads,
+// as the TCP data connections' pollers do, arbitrates that itself). An armed fd that stays quiet longer than its idle
 // timeout is reported once with kIdle instead.
 class EventLoop {
  public:
@@ -67,6 +68,9 @@ class EventLoop {
   // Whether the loop polls epoll for a while after events (spin_us_) rather
   // than sleeping at once.
   bool Spins() const { return spin_us_ > 0; }
+  // One loop thread (the default): an fd's handler and another thread's
+  // re-arm of it can never start a second run of that handler meanwhile.
+  bool OneThread() const { return threads_.size() == 1; }
   // Stops watching fd. When it returns, fd's handler is not running (unless
   // called from that handler) and will not run again, so the fd may close.
   void Remove(int fd);

@@ -5,8 +5,8 @@
 // on the VMs we measure, each of those costs 0.5-0.7 us, on the path of
 // every small transfer. The reads below take buffered bytes first and then
 // go to the socket directly, so the bulk of a large payload still lands in
-// place. One thread at a time (the event loop's one-shot watch hands a
-// connection to one thread).
+// place. One thread at a time (its owner arbitrates: the event loop's
+// one-shot watch, and for TCP data connections DataConn::reading_).
 #pragma once
 
 #include <sys/uio.h>

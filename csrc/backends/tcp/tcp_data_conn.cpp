@@ -458,7 +458,12 @@ void DataConn::RecvJob() {
 void DataConn::DoneReading(bool rearm) {
   reading_.store(false);
   if (event_pending_.exchange(false)) rearm = true;
-  if (rearm) workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
+  if (!rearm) return;
+  // Under mu_ and only while not broken: a poller may get here on a user
+  // thread as the engine shuts down, and Break (which comes first there)
+  // takes the socket off the loop before the loop goes away.
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!broken_) workers_.loop->Rearm(sock_.fd(), EPOLLIN | EPOLLRDHUP);
 }
 
 void DataConn::ReceiveForCaller() {
@@ -469,16 +474,23 @@ void DataConn::ReceiveForCaller() {
     if (!connected_ || broken_ || inflight_.empty()) return;
   }
   if (reading_.load(std::memory_order_relaxed) || reading_.exchange(true)) return;
-  reader_.NewEvent();  // whatever came since anyone last looked
-  for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
-    if (!ReceiveOne()) return;  // broken: nobody reads it again
+  try {
+    reader_.NewEvent();  // whatever came since anyone last looked
+    for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
+      if (!ReceiveOne()) return;  // broken: nobody reads it again
+    }
+    if (reader_.buffered() == 0) return DoneReading(/*rearm=*/false);
+    // Bytes taken from the socket that no event will report again (more
+    // responses, or one not whole yet): a receive job reads on, as after a
+    // loop event.
+    auto self = shared_from_this();
+    if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
+  } catch (...) {
+    // The poller's caller carries on (a status poll swallows it); the
+    // socket it held must not stay owned with its requests unanswered.
+    Break("receiving on a polling thread failed");
+    throw;
   }
-  if (reader_.buffered() == 0) return DoneReading(/*rearm=*/false);
-  // Bytes taken from the socket that no event will report again (more
-  // responses, or one not whole yet): a receive job reads on, as after a
-  // loop event.
-  auto self = shared_from_this();
-  if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
 }
 
 bool DataConn::ReceiveOne() {

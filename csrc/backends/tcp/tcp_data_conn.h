@@ -96,10 +96,13 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   bool Usable();
   // True if the caller's polls of `p`'s status should receive its response
   // (ReceiveForCaller): a small request of host memory (tcp_inline.h), and
-  // a loop thread that sleeps between events (one that spins finds the
-  // response as soon, and a poller would only add its own system calls).
+  // one loop thread that sleeps between events (one that spins finds the
+  // response as soon, and a poller would only add its own system calls; with
+  // several, a poller's re-arm could start a second run of the handler on
+  // another loop thread while the first one returns).
   bool CallerMayReceive(const Part& p) const {
-    return cfg_.poller_receives && cfg_.inline_max_bytes > 0 && !workers_.loop->Spins() && SmallForInline(p);
+    return cfg_.poller_receives && cfg_.inline_max_bytes > 0 && !workers_.loop->Spins() && workers_.loop->OneThread() &&
+           SmallForInline(p);
   }
   // From a thread polling a status (its progress hook): reads the whole
   // responses of small requests that have arrived, as the event loop would,
@@ -186,8 +189,8 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   SendRoom room_;  // of sock_, for inline sends (tcp_inline.h); set with it
   // Reused by the receive job.
   std::vector<iovec> recv_iov_;
-  // Every read of the socket goes through it (the thread that holds the
-  // event loop's one-shot watch: the loop or a receive job).
+  // Every read of the socket goes through it, by the thread holding
+  // reading_ (the loop in its event, a receive job, or a poller).
   SocketReader reader_{kReadAheadBytes};
   // The socket has a reader: the loop thread in its event, a receive job it
   // handed the socket to, or a poller (ReceiveForCaller). Taken with an
