@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+import mori_torch.log
 import wire
 from conftest import RemoteTarget, freeze, make_engine, unique_key, wait_ok
 from mori_torch.io import (
@@ -388,13 +389,18 @@ def test_config_secret_is_keyword_only_and_never_shown():
 
 
 def test_non_loopback_engine_without_a_secret_warns_once(capfd):
+    # The log's writer thread prints lines after the call that logs them:
+    # wait for it before reading stderr (a loaded machine printed nothing yet).
+    assert mori_torch.log.flush(5000)
     capfd.readouterr()
     e = IOEngine(unique_key("exposed"), IOEngineConfig("0.0.0.0", 0))
     e.shutdown()
+    assert mori_torch.log.flush(5000)
     err = capfd.readouterr().err
     assert err.count("without a secret") == 1, err
     e = IOEngine(unique_key("guarded"), IOEngineConfig("0.0.0.0", 0, secret=SECRET))
     e2 = IOEngine(unique_key("local"), IOEngineConfig("127.0.0.1", 0))
     e.shutdown()
     e2.shutdown()
+    assert mori_torch.log.flush(5000)
     assert "without a secret" not in capfd.readouterr().err
