@@ -717,12 +717,11 @@ class Initiator:
             self.sess = self.engine.create_session(self.mem, self.remote_mem)
             if self.sess is None:
                 raise BenchError("create_session returned None: no backend can serve this memory pair")
-            if not args.no_baseline and args.backend == "xgmi" and args.copy_baseline == "peer":
-                # torch copy_ to and from the target process's buffer, opened here by CUDA IPC.
-                self.copy_src = self.target.call("share")[1]
-            elif not args.no_baseline and args.backend == "xgmi":
-                # torch copy_ between the same two GPUs; the target's side is a tensor here.
-                self.copy_src = torch.empty(buffer_bytes, dtype=torch.uint8, device=theirs)
+            if not args.no_baseline and args.backend == "xgmi":
+                # torch copy_ between the same two GPUs: to and from the target
+                # process's buffer, opened here by CUDA IPC (peer), or a tensor here.
+                self.copy_src = (self.target.call("share")[1] if args.copy_baseline == "peer"
+                                 else torch.empty(buffer_bytes, dtype=torch.uint8, device=theirs))
             elif not args.no_baseline:
                 nb = args.baseline_conns or args.num_data_conns
                 self.target.conn.send(("accept", nb))

@@ -391,16 +391,11 @@ void DataConn::OnSocketEvent(uint32_t events) {
     event_pending_.store(true);
     if (reading_.exchange(true)) return;
     event_pending_.store(false);
-    reader_.NewEvent();  // the inline loop may return before asking the socket
     // Whole responses of small requests are read here (tcp_inline.h); the
     // rest, a hang-up or stray bytes go to a receive job.
-    for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
-      if (!ReceiveOne()) return;
-    }
+    if (!ReceiveReadyResponses()) return;
     if (!reader_.MoreNow()) return DoneReading(/*rearm=*/true);
-    auto self = shared_from_this();
-    if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
-    return;
+    return PostRecvJob();
   }
   // Bytes the peer acknowledged count as progress too: a request sent whole
   // into the socket buffer still drains over a slow link.
@@ -455,6 +450,19 @@ void DataConn::RecvJob() {
   DoneReading(/*rearm=*/true);
 }
 
+bool DataConn::ReceiveReadyResponses() {
+  reader_.NewEvent();  // whatever came since anyone last looked (the loop below may not ask the socket)
+  for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
+    if (!ReceiveOne()) return false;
+  }
+  return true;
+}
+
+void DataConn::PostRecvJob() {
+  auto self = shared_from_this();
+  if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
+}
+
 void DataConn::DoneReading(bool rearm) {
   reading_.store(false);
   if (event_pending_.exchange(false)) rearm = true;
@@ -475,16 +483,12 @@ void DataConn::ReceiveForCaller() {
   }
   if (reading_.load(std::memory_order_relaxed) || reading_.exchange(true)) return;
   try {
-    reader_.NewEvent();  // whatever came since anyone last looked
-    for (int n = 0; n < kInlineMaxPerEvent && ResponseReadyInline(); ++n) {
-      if (!ReceiveOne()) return;  // broken: nobody reads it again
-    }
+    if (!ReceiveReadyResponses()) return;  // broken: nobody reads it again
     if (reader_.buffered() == 0) return DoneReading(/*rearm=*/false);
     // Bytes taken from the socket that no event will report again (more
     // responses, or one not whole yet): a receive job reads on, as after a
     // loop event.
-    auto self = shared_from_this();
-    if (!workers_.receivers->Post([self] { self->RecvJob(); })) Break("the TCP backend's workers have stopped");
+    PostRecvJob();
   } catch (...) {
     // The poller's caller carries on (a status poll swallows it); the
     // socket it held must not stay owned with its requests unanswered.

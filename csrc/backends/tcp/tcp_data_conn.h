@@ -134,6 +134,12 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   bool ResponseReadyInline();
   // Receive job: reads responses while bytes keep coming.
   void RecvJob();
+  // With the reading turn (reading_): reads the whole responses of small
+  // requests that are here, at most kInlineMaxPerEvent; false if the
+  // connection broke meanwhile.
+  bool ReceiveReadyResponses();
+  // Hands the reading turn to a receive job (bytes that may need waiting for).
+  void PostRecvJob();
   // The reading thread (loop, receive job or poller) is done with the
   // socket: it gives up reading_ and re-arms the loop's watch if `rearm`
   // or if the loop reported the socket meanwhile (event_pending_).
