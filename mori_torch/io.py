@@ -222,6 +222,10 @@ class TcpBackendConfig:
     # transfer's status reads its response itself once it is all there,
     # saving the loop thread's wake-up.
     poller_receives: bool = True
+    # A read's completion notice to the target waits up to this long to ride
+    # on the next request to that peer, in the same system call, instead of
+    # costing a send and a target event of its own (0: sent at once).
+    notice_delay_us: int = 1000
 
 
 _CONFIG_TYPES = {

@@ -894,6 +894,81 @@ INSTANTIATE_TEST_SUITE_P(DataConns, EngineTcpTest, ::testing::Values(1, 2, 4),
 
 // --- engines without backends ---------------------------------------------------
 
+// A read's completion notice waits (notice_delay_us) to ride on the next
+// request to the same peer; it must still reach the target: with that
+// request, when the delay ends, or when the initiator shuts down.
+class ReadNoticeTest : public ::testing::Test {
+ protected:
+  void Start(int64_t notice_delay_us) {
+    a_ = std::make_unique<Engine>("A", EngineConfig{"127.0.0.1", 0});
+    b_ = std::make_unique<Engine>("B", EngineConfig{"127.0.0.1", 0});
+    a_->CreateBackend(BackendType::TCP, BackendConfig{{"notice_delay_us", notice_delay_us}});
+    b_->CreateBackend(BackendType::TCP, BackendConfig{});
+    a_->RegisterRemoteEngine(b_->Desc());
+    abuf_.assign(kBuf, 0);
+    bbuf_.resize(kBuf);
+    FillRandom(bbuf_, 5);
+    amem_ = a_->RegisterMemory(reinterpret_cast<uint64_t>(abuf_.data()), kBuf, -1, MemoryLocationType::CPU);
+    bmem_ = b_->RegisterMemory(reinterpret_cast<uint64_t>(bbuf_.data()), kBuf, -1, MemoryLocationType::CPU);
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+  }
+  // Reads `size` bytes from B at `off` (into A at the same offset) and checks them.
+  void Read(int64_t off, int64_t size, TransferUid uid) {
+    ASSERT_TRUE(Ends(a_->Read(amem_, off, bmem_, off, size, uid), StatusCode::SUCCESS));
+    ASSERT_EQ(std::memcmp(&abuf_[off], &bbuf_[off], size), 0) << "read of " << size << " bytes at " << off;
+  }
+  bool Notice(TransferUid uid) { return b_->PopInboundTransferStatus("A", uid); }
+
+  std::unique_ptr<Engine> a_, b_;
+  std::vector<uint8_t> abuf_, bbuf_;
+  MemoryDesc amem_, bmem_;
+};
+
+TEST_F(ReadNoticeTest, HeldNoticesRideOnTheNextRequest) {
+  Start(/*notice_delay_us=*/10 * 1000 * 1000);  // never by the timer in this test
+  Read(0, 4096, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(Notice(1)) << "the notice was sent at once, not held";
+  Read(1 << 20, 4 << 20, 2);  // the next request: read 1's notice rides on it
+  EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 2000)) << "the held notice did not ride on the next request";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(Notice(2)) << "the striped read's notices (one per part) were sent at once, not held";
+  // Any request to B takes them along: a write here.
+  ASSERT_TRUE(Ends(a_->Write(amem_, 0, bmem_, 6 << 20, 8, 3), StatusCode::SUCCESS));
+  EXPECT_TRUE(PollUntil([&] { return Notice(2); }, 2000)) << "the striped read's notices did not ride along";
+  EXPECT_TRUE(PollUntil([&] { return Notice(3); }, 2000)) << "the write's own notice";
+  EXPECT_FALSE(Notice(1)) << "popped twice";
+}
+
+TEST_F(ReadNoticeTest, HeldNoticeLeavesWhenItsDelayEnds) {
+  Start(/*notice_delay_us=*/50 * 1000);
+  for (TransferUid uid = 1; uid <= 3; ++uid) {
+    Read(0, 4096, uid);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(PollUntil([&] { return Notice(uid); }, 5000)) << "no notice for read " << uid;
+    // Nothing else went to B: only the timer can have sent it.
+    EXPECT_GE(MsSince(t0), 20) << "read " << uid << "'s notice came before its delay";
+  }
+}
+
+TEST_F(ReadNoticeTest, HeldNoticesLeaveWhenTheInitiatorShutsDown) {
+  Start(/*notice_delay_us=*/10 * 1000 * 1000);
+  Read(0, 4096, 1);
+  Read(1 << 20, 4 << 20, 2);
+  a_->Shutdown();
+  EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 5000)) << "the held notice was lost at shutdown";
+  EXPECT_TRUE(PollUntil([&] { return Notice(2); }, 5000)) << "the striped read's notices were lost at shutdown";
+}
+
+TEST_F(ReadNoticeTest, ZeroDelaySendsAtOnce) {
+  Start(/*notice_delay_us=*/0);
+  Read(0, 4096, 1);
+  EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 2000));
+}
+
 TEST(EngineNoBackendTest, BadStateAndNoSession) {
   Engine c("C", EngineConfig{"127.0.0.1", 0});
   Engine d("D", EngineConfig{"127.0.0.1", 0});

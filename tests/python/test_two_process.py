@@ -201,3 +201,56 @@ def test_submitting_threads_never_wait_for_a_full_send_buffer():
         resume(tgt.pid)
         tgt.close()
         init.shutdown()
+
+
+def _read_then_exit(engine_bytes, mem_bytes, key, delay_us, conn):
+    """Initiator in its own process: one 4 KiB read, then a normal exit
+    (no shutdown call: the engine goes with the interpreter)."""
+    from mori_torch.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
+
+    try:
+        e = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+        e.create_backend(BackendType.TCP, TcpBackendConfig(notice_delay_us=delay_us))
+        e.register_remote_engine(EngineDesc.unpack(engine_bytes))
+        local = torch.zeros(4096, dtype=torch.uint8)
+        uid = e.allocate_transfer_uid()
+        st = e.read(e.register_torch_tensor(local), 0, MemoryDesc.unpack(mem_bytes), 0, 4096, uid)
+        st.Wait()
+        conn.send((st.Code() == StatusCode.SUCCESS, bytes(local.numpy()), uid))
+    except Exception as ex:  # reported, not a 60 s wait
+        conn.send((None, repr(ex), None))
+
+
+@pytest.mark.parametrize("delay_us", [None, 10_000_000], ids=["default-delay", "10s-delay"])
+def test_held_read_notice_reaches_the_target_when_the_initiator_exits(delay_us):
+    # A read's notice may wait (notice_delay_us) for the initiator's next
+    # request; an initiator that exits right after its read has none, and the
+    # target must still learn of the read (the engine flushes on shutdown).
+    import multiprocessing as mp
+
+    from mori_torch.io import TcpBackendConfig
+
+    delay = TcpBackendConfig().notice_delay_us if delay_us is None else delay_us
+    tgt = make_engine("notice-tgt")
+    data = pattern(4096, 21)
+    md = tgt.register_torch_tensor(data)
+    key = f"notice-init-{os.getpid()}-{delay}"
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_read_then_exit, args=(tgt.get_engine_desc().pack(), md.pack(), key, delay, child))
+    try:
+        p.start()
+        assert parent.poll(60), "initiator did not report"
+        ok, got, uid = parent.recv()
+        assert ok is not None, got  # the initiator's exception
+        assert ok and got == bytes(data.numpy())
+        p.join(30)
+        assert p.exitcode == 0
+        deadline = time.monotonic() + 5
+        while tgt.pop_inbound_transfer_status(key, uid) is None:
+            assert time.monotonic() < deadline, f"no notice of the read after the initiator exited (delay {delay} us)"
+            time.sleep(0.005)
+    finally:
+        if p.is_alive():
+            p.kill()
+        tgt.shutdown()

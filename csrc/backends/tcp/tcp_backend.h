@@ -50,6 +50,9 @@ class TcpPeer : public BackendPeer {
   std::mutex mu_;
   std::vector<std::shared_ptr<DataConn>> conns_;
   std::atomic<uint64_t> next_conn_{0};
+  // Read notices waiting for the next request (tcp_notices.h); null with
+  // notice_delay_us 0 or notifications off.
+  std::shared_ptr<NoticeCourier> courier_;
 };
 
 class TcpBackend : public Backend {

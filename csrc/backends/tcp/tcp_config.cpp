@@ -28,6 +28,7 @@ TcpConfig TcpConfig::FromMap(const BackendConfig& m) {
   c.serve_threads = get("serve_threads");
   c.inline_max_bytes = get("inline_max_bytes");
   c.poller_receives = get("poller_receives") != 0;
+  c.notice_delay_us = get("notice_delay_us");
   return c;
 }
 

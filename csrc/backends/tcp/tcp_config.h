@@ -42,6 +42,9 @@ struct TcpConfig {
   // mori_torch extension: a poller of a small transfer's status reads its
   // response (DataConn::ReceiveForCaller) where the loop does not spin.
   bool poller_receives{};
+  // mori_torch extension: a read's completion notice waits up to this long
+  // to ride on the next request to the peer (tcp_notices.h); 0: sent at once.
+  int64_t notice_delay_us{};
 
   static TcpConfig FromMap(const BackendConfig& m);
 };

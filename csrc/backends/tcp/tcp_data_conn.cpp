@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "backends/tcp/tcp_inline.h"
+#include "backends/tcp/tcp_notices.h"
 #include "backends/tcp/tcp_staged_io.h"
 #include "core/logging.h"
 #include "core/retry_driver.h"
@@ -44,12 +45,14 @@ void AppendPadding(uint64_t n, std::vector<iovec>* iov) {
 }
 
 DataConn::DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg,
-                   std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers)
+                   std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers,
+                   std::shared_ptr<NoticeCourier> courier)
     : connect_(std::move(connect)),
       peer_key_(std::move(peer_key)),
       cfg_(cfg),
       staging_(std::move(staging)),
-      workers_(std::move(workers)) {}
+      workers_(std::move(workers)),
+      courier_(std::move(courier)) {}
 
 DataConn::~DataConn() {
   // No job runs any more (each holds a reference).
@@ -96,13 +99,16 @@ bool DataConn::SendInlineLocked(const Part& p) {
   return room_.Fits(RequestWireBytes(p.op, p.segs.size(), p.total));
 }
 
-void DataConn::Enqueue(PartPtr p) {
+void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices) {
   bool stopped = false;
   bool send_here = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_) {
       send_here = SendInlineLocked(*p);
+      // Notices first: a few bytes the target files at once, never stuck
+      // behind a large payload.
+      for (auto& n : notices) send_q_.push_back(std::move(n));
       send_q_.push_back(std::move(p));
       if (send_here) {
         send_scheduled_ = true;  // this thread takes the sender's turn
@@ -601,7 +607,7 @@ bool DataConn::ReceiveOne() {
     n->attempt = head->attempt;
     n->incarnation = head->incarnation;
     n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
-    Enqueue(std::move(n));
+    if (!courier_ || !courier_->Hold(n, shared_from_this())) Enqueue(std::move(n));
   }
   return true;
 }

@@ -76,19 +76,25 @@ struct DataConnWorkers {
   std::shared_ptr<WorkerPool> receivers;
 };
 
+class NoticeCourier;
+
 class DataConn : public std::enable_shared_from_this<DataConn> {
  public:
   // `connect` opens the socket (throws Error); it runs in the first send
   // job, and requests queued meanwhile fail with its error if it throws.
-  // `staging` lends pinned bounce buffers for GPU memory.
+  // `staging` lends pinned bounce buffers for GPU memory. `courier` (null:
+  // none) holds read notices for the peer's next request (tcp_notices.h).
   DataConn(std::function<Socket()> connect, std::string peer_key, const TcpConfig& cfg,
-           std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers);
+           std::shared_ptr<gpu::StagingPool> staging, DataConnWorkers workers,
+           std::shared_ptr<NoticeCourier> courier = nullptr);
   ~DataConn();  // breaks the connection (ending its requests)
   DataConn(const DataConn&) = delete;
   DataConn& operator=(const DataConn&) = delete;
 
-  // Queues a request; on a broken connection the request fails at once.
-  void Enqueue(PartPtr p);
+  // Queues a request, with `notices` just before it (in the same system
+  // call when they fit); on a broken connection the request fails at once
+  // and the notices are dropped.
+  void Enqueue(PartPtr p, std::vector<PartPtr> notices = {});
   bool Broken() const;
   // False once broken. An idle connection (nothing queued or in flight) that
   // is readable was closed by the peer (it restarted, say): it is broken
@@ -192,6 +198,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // (GPU read payloads), taken from staging_ on first use under mu_.
   std::unique_ptr<gpu::StagingSet> send_staging_, recv_staging_;
   DataConnWorkers workers_;
+  const std::shared_ptr<NoticeCourier> courier_;
   SendRoom room_;  // of sock_, for inline sends (tcp_inline.h); set with it
   // Reused by the receive job.
   std::vector<iovec> recv_iov_;

@@ -1,8 +1,10 @@
 #include "backends/tcp/tcp_backend.h"
 
 #include <algorithm>
+#include <exception>
 #include <string>
 
+#include "backends/tcp/tcp_notices.h"
 #include "core/control_plane.h"
 #include "core/local_engines.h"
 #include "core/logging.h"
@@ -18,7 +20,14 @@ TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, 
       cfg_(cfg),
       staging_(std::move(staging)),
       workers_(std::move(workers)),
-      conns_(static_cast<size_t>(cfg.num_data_conns)) {}
+      conns_(static_cast<size_t>(cfg.num_data_conns)) {
+  if (!cfg.enable_notification || cfg.notice_delay_us == 0) return;
+  try {
+    courier_ = NoticeCourier::Make(workers_.loop, cfg.notice_delay_us);
+  } catch (const std::exception& e) {  // no timerfd: each notice goes out at once, as with notice_delay_us=0
+    MORI_LOG(Warning, "TCP peer '" << remote_.key << "': read notices are sent at once: " << e.what());
+  }
+}
 
 TcpPeer::~TcpPeer() { Close("peer removed"); }
 
@@ -50,6 +59,7 @@ void TcpPeer::Close(const std::string& reason) {
     close_reason_ = reason;
     conns.swap(conns_);
   }
+  if (courier_) courier_->Close();  // the waiting notices leave before the connections close
   for (auto& c : conns) {
     if (c) c->Break(reason);
   }
@@ -79,7 +89,7 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
                  static_cast<int>(cfg.keepalive_intvl_sec), static_cast<int>(cfg.keepalive_cnt));
     return s;
   };
-  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_, staging_, workers_);
+  c = std::make_shared<DataConn>(std::move(connect), remote_.key, cfg_, staging_, workers_, courier_);
   return c;
 }
 
@@ -125,7 +135,8 @@ void TcpPeer::Submit(TransferOp op) {
           },
           /*polled_only=*/false);
     }
-    conn->Enqueue(std::move(p));
+    // Read notices waiting for a ride go with the first stripe.
+    conn->Enqueue(std::move(p), i == 0 && courier_ ? courier_->Take() : std::vector<PartPtr>{});
   }
 }
 
