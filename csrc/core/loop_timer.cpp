@@ -59,9 +59,16 @@ void LoopTimer::OnDue() {
     (void)!::read(fd_, &expirations, sizeof expirations);  // clears the readiness
   }
   armed_.store(false);
+  // Re-armed whatever fn does: a throw (logged by the loop) must not leave
+  // the timer dead for good.
+  struct Rearm {
+    LoopTimer* t;
+    ~Rearm() {
+      std::lock_guard<std::mutex> lk(t->mu_);
+      if (t->fd_ >= 0) t->loop_->Rearm(t->fd_, EPOLLIN);
+    }
+  } rearm{this};
   fn_();
-  std::lock_guard<std::mutex> lk(mu_);
-  if (fd_ >= 0) loop_->Rearm(fd_, EPOLLIN);
 }
 
 }  // namespace mori_torch

@@ -899,10 +899,11 @@ INSTANTIATE_TEST_SUITE_P(DataConns, EngineTcpTest, ::testing::Values(1, 2, 4),
 // request, when the delay ends, or when the initiator shuts down.
 class ReadNoticeTest : public ::testing::Test {
  protected:
-  void Start(int64_t notice_delay_us) {
+  void Start(int64_t notice_delay_us, BackendConfig more = {}, EngineConfig bcfg = EngineConfig{"127.0.0.1", 0}) {
     a_ = std::make_unique<Engine>("A", EngineConfig{"127.0.0.1", 0});
-    b_ = std::make_unique<Engine>("B", EngineConfig{"127.0.0.1", 0});
-    a_->CreateBackend(BackendType::TCP, BackendConfig{{"notice_delay_us", notice_delay_us}});
+    b_ = std::make_unique<Engine>("B", bcfg);
+    more["notice_delay_us"] = notice_delay_us;
+    a_->CreateBackend(BackendType::TCP, more);
     b_->CreateBackend(BackendType::TCP, BackendConfig{});
     a_->RegisterRemoteEngine(b_->Desc());
     abuf_.assign(kBuf, 0);
@@ -961,6 +962,37 @@ TEST_F(ReadNoticeTest, HeldNoticesLeaveWhenTheInitiatorShutsDown) {
   a_->Shutdown();
   EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 5000)) << "the held notice was lost at shutdown";
   EXPECT_TRUE(PollUntil([&] { return Notice(2); }, 5000)) << "the striped read's notices were lost at shutdown";
+}
+
+TEST_F(ReadNoticeTest, HeldNoticesLeaveAtShutdownWhateverTheSendPath) {
+  // Every request through the sender threads: the held notice cannot be
+  // written by the closing thread itself.
+  Start(/*notice_delay_us=*/10 * 1000 * 1000, BackendConfig{{"inline_max_bytes", 0}});
+  Read(0, 4096, 1);
+  a_->Shutdown();
+  EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 5000)) << "lost at shutdown with inline_max_bytes=0";
+}
+
+TEST_F(ReadNoticeTest, NoticesOfARefusedConnectionGoOnAnother) {
+  // B takes few connections from A, so some of A's four data connections
+  // are refused; notices that rode on a request to one of those go back to
+  // the courier and leave on an open connection.
+  EngineConfig bcfg{"127.0.0.1", 0};
+  bcfg.control.caps.max_connections_per_peer = 3;
+  Start(/*notice_delay_us=*/20 * 1000, BackendConfig{{"num_data_conns", 4}}, bcfg);
+  std::vector<TransferUid> done;
+  int refused = 0;
+  for (TransferUid uid = 1; uid <= 16; ++uid) {
+    StatusPtr s = a_->Read(amem_, 0, bmem_, 0, 4096, uid);
+    if (s->WaitFor(kWaitMs) == StatusCode::SUCCESS) {
+      done.push_back(uid);
+    } else {
+      ++refused;
+    }
+  }
+  ASSERT_GT(refused, 0) << "every connection was accepted: the test needs some refused";
+  ASSERT_GE(done.size(), 2u) << "no read got through";
+  for (TransferUid uid : done) EXPECT_TRUE(PollUntil([&] { return Notice(uid); }, 5000)) << "notice of read " << uid;
 }
 
 TEST_F(ReadNoticeTest, ZeroDelaySendsAtOnce) {

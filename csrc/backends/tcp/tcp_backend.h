@@ -38,6 +38,13 @@ class TcpPeer : public BackendPeer {
  private:
   // The i-th connection, (re)opened if needed; nullptr with *err on failure.
   std::shared_ptr<DataConn> Conn(size_t i, std::string* err);
+  // Where the courier's notices go: an open connection if there is one
+  // (the first from the round-robin position), else one opened now; null
+  // once closed.
+  std::shared_ptr<DataConn> ConnForNotices();
+  // Close: the read notices still waiting go out on an open connection, and
+  // each connection's queued sends get a bounded moment to leave.
+  void SendBeforeClosing(std::vector<PartPtr> notices, const std::vector<std::shared_ptr<DataConn>>& conns);
 
   const EngineDesc self_;
   const std::string secret_;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 
 #include "backends/tcp/tcp_inline.h"
 #include "backends/tcp/tcp_notices.h"
@@ -66,6 +68,11 @@ bool DataConn::Broken() const {
   return broken_;
 }
 
+bool DataConn::Ready() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return connected_ && !broken_;
+}
+
 bool DataConn::Usable() {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -108,7 +115,9 @@ void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices) {
       send_here = SendInlineLocked(*p);
       // Notices first: a few bytes the target files at once, never stuck
       // behind a large payload.
+      notices_unsent_ += notices.size() + (p->op == Op::Notice ? 1 : 0);
       for (auto& n : notices) send_q_.push_back(std::move(n));
+      notices.clear();
       send_q_.push_back(std::move(p));
       if (send_here) {
         send_scheduled_ = true;  // this thread takes the sender's turn
@@ -121,9 +130,13 @@ void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices) {
   }
   if (send_here) return SendQueued(/*max_batches=*/1);
   if (stopped) {
-    Break("the TCP backend's workers have stopped");
+    Break("the TCP backend's workers have stopped");  // hands back what was queued
     return;
   }
+  // Broken: notices go back to the courier; a request fails.
+  if (p->op == Op::Notice) notices.push_back(std::move(p));
+  HandBack(std::move(notices));
+  if (!p) return;
   bool path;
   std::string why;
   {
@@ -164,6 +177,7 @@ bool DataConn::DeferIfBusy(Part& p, StatusCode code, const std::string& msg, boo
 void DataConn::Break(const std::string& reason, StatusCode code, bool path_failed) {
   const std::string msg = "TCP connection to engine '" + peer_key_ + "' failed: " + reason;
   std::deque<PartPtr> failed;
+  std::vector<PartPtr> unsent_notices;  // not requests: nothing to fail, nothing to fence
   bool watched = false;
   size_t deferred = 0;
   {
@@ -180,7 +194,14 @@ void DataConn::Break(const std::string& reason, StatusCode code, bool path_faile
       }
     }
     inflight_.clear();
-    for (auto& p : send_q_) failed.push_back(std::move(p));
+    for (auto& p : send_q_) {
+      if (p->op == Op::Notice) {
+        --notices_unsent_;
+        unsent_notices.push_back(std::move(p));
+      } else {
+        failed.push_back(std::move(p));
+      }
+    }
     send_q_.clear();
     watched = watched_;
     watched_ = false;
@@ -205,6 +226,28 @@ void DataConn::Break(const std::string& reason, StatusCode code, bool path_faile
                                                    << failed.size() + deferred << " request(s)");
   }
   for (auto& p : failed) Complete(*p, code, msg, path_failed);
+  HandBack(std::move(unsent_notices));
+}
+
+void DataConn::HandBack(std::vector<PartPtr> notices) {
+  if (!courier_) return;
+  for (auto& n : notices) {
+    if (n->rehomed) continue;
+    n->rehomed = true;
+    if (!courier_->Hold(std::move(n))) return;  // closed: the peer is going away
+  }
+}
+
+void DataConn::DrainNotices(int64_t max_ms) {
+  const Deadline until = DeadlineAfterMs(max_ms);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (broken_ || notices_unsent_ == 0) return;
+    }
+    if (Clock::now() >= until) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // only on the way out
+  }
 }
 
 bool DataConn::Prepare(Part& p) {
@@ -337,6 +380,7 @@ void DataConn::SendQueued(int max_batches) {
       for (auto& p : batch) {
         p->use.reset();
         if (p->op == Op::Write && Unbusy(*p)) ended.push_back(p);
+        if (p->op == Op::Notice) --notices_unsent_;
       }
     }
     for (auto& p : ended) Complete(*p, p->result_code, p->result_msg, p->result_path_failed);
@@ -597,19 +641,26 @@ bool DataConn::ReceiveOne() {
     }
     deferred = DeferIfBusy(*head, code, msg);
   }
+  const bool notice = code == StatusCode::SUCCESS && head->op == Op::Read && head->notify;
+  // Held before the status ends: a caller that shuts down as soon as its
+  // read ends finds the notice with the courier, which its Close sends. Sent
+  // at once, it goes after (its send is not the caller's to wait for).
+  if (notice && courier_) NoticeRead(*head);
   if (!deferred) Complete(*head, code, msg);
-  if (code == StatusCode::SUCCESS && head->op == Op::Read && head->notify) {
-    auto n = std::make_shared<Part>();
-    n->op = Op::Notice;
-    n->uid = head->uid;
-    n->parts_total = head->parts_total;
-    n->part_index = head->part_index;
-    n->attempt = head->attempt;
-    n->incarnation = head->incarnation;
-    n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
-    if (!courier_ || !courier_->Hold(n, shared_from_this())) Enqueue(std::move(n));
-  }
+  if (notice && !courier_) NoticeRead(*head);
   return true;
+}
+
+void DataConn::NoticeRead(const Part& read) {
+  auto n = std::make_shared<Part>();
+  n->op = Op::Notice;
+  n->uid = read.uid;
+  n->parts_total = read.parts_total;
+  n->part_index = read.part_index;
+  n->attempt = read.attempt;
+  n->incarnation = read.incarnation;
+  n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
+  if (!courier_ || !courier_->Hold(n)) Enqueue(std::move(n));
 }
 }  // namespace tcp
 }  // namespace mori_torch

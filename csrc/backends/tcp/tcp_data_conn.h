@@ -48,6 +48,7 @@ struct Part {
   uint32_t part_index = 0;
   uint16_t attempt = 0;                      // TransferOp::attempt
   std::shared_ptr<TransferTracker> tracker;  // null for notices
+  bool rehomed = false;                      // a notice handed back once by a broken connection
   Deadline deadline;
 
   // Filled by the sender.
@@ -93,9 +94,14 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
 
   // Queues a request, with `notices` just before it (in the same system
   // call when they fit); on a broken connection the request fails at once
-  // and the notices are dropped.
+  // and the notices go back to the courier.
   void Enqueue(PartPtr p, std::vector<PartPtr> notices = {});
+  // Waits up to max_ms until no notice is queued or being sent (the peer's
+  // Close: notices queued last leave before the connection breaks).
+  void DrainNotices(int64_t max_ms);
   bool Broken() const;
+  // Connected and not broken: a send goes out without connecting first.
+  bool Ready() const;
   // False once broken. An idle connection (nothing queued or in flight) that
   // is readable was closed by the peer (it restarted, say): it is broken
   // here, so the caller reopens it instead of failing the next request.
@@ -152,6 +158,12 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   void DoneReading(bool rearm);
   // Reads one response (its first bytes have arrived); false: broken.
   bool ReceiveOne();
+  // A read ended well: its notice to the target, held by the courier or
+  // queued at once.
+  void NoticeRead(const Part& read);
+  // Notices a broken connection could not send get one more chance on
+  // another connection of the peer (the courier); the rest are dropped.
+  void HandBack(std::vector<PartPtr> notices);
   // The event loop reported the socket (readable, hung up, or quiet).
   void OnSocketEvent(uint32_t events);
   void SchedulePostLocked();  // mu_ held: a send job if none is pending
@@ -192,6 +204,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   std::string broken_reason_;
   uint64_t next_req_id_ = 1;
   bool send_scheduled_ = false;  // a send job is queued or running
+  size_t notices_unsent_ = 0;    // notices queued or in a batch being written
   bool watched_ = false;         // the socket is on the event loop
   std::shared_ptr<gpu::StagingPool> staging_;
   // Bounce buffers of the sender (GPU write payloads) and of the receiver

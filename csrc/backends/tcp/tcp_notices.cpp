@@ -5,8 +5,9 @@
 namespace mori_torch {
 namespace tcp {
 
-std::shared_ptr<NoticeCourier> NoticeCourier::Make(EventLoop* loop, int64_t delay_us) {
-  std::shared_ptr<NoticeCourier> c(new NoticeCourier(delay_us));
+std::shared_ptr<NoticeCourier> NoticeCourier::Make(EventLoop* loop, int64_t delay_us, int64_t op_timeout_ms,
+                                                   std::function<std::shared_ptr<DataConn>()> pick) {
+  std::shared_ptr<NoticeCourier> c(new NoticeCourier(delay_us, op_timeout_ms, std::move(pick)));
   std::weak_ptr<NoticeCourier> weak = c;
   c->timer_ = LoopTimer::Make(loop, [weak] {
     if (auto self = weak.lock()) self->Flush();
@@ -14,52 +15,57 @@ std::shared_ptr<NoticeCourier> NoticeCourier::Make(EventLoop* loop, int64_t dela
   return c;
 }
 
-bool NoticeCourier::Hold(PartPtr notice, const std::shared_ptr<DataConn>& conn) {
+bool NoticeCourier::Hold(PartPtr notice) {
   std::lock_guard<std::mutex> lk(mu_);
   if (closed_) return false;
   waiting_.push_back(std::move(notice));
-  carrier_ = conn;
   any_.store(true, std::memory_order_release);
   timer_->ArmIfIdle(delay_us_);  // under mu_: never after Close stopped it
   return true;
 }
 
-std::vector<PartPtr> NoticeCourier::Take() {
+std::vector<PartPtr> NoticeCourier::TakeLocked() {
   std::vector<PartPtr> out;
-  if (!any_.load(std::memory_order_acquire)) return out;
-  std::lock_guard<std::mutex> lk(mu_);
   out.swap(waiting_);
   any_.store(false, std::memory_order_relaxed);
+  // A held notice's send bound starts when it leaves (a batch's bound is its
+  // first part's, and notices go first).
+  const Deadline deadline = DeadlineAfterMs(op_timeout_ms_);
+  for (auto& n : out) n->deadline = deadline;
   return out;
+}
+
+std::vector<PartPtr> NoticeCourier::Take() {
+  if (!any_.load(std::memory_order_acquire)) return {};
+  std::lock_guard<std::mutex> lk(mu_);
+  return TakeLocked();
 }
 
 void NoticeCourier::Flush() {
   std::vector<PartPtr> out;
-  std::shared_ptr<DataConn> conn;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    out.swap(waiting_);
-    any_.store(false, std::memory_order_relaxed);
-    conn = carrier_.lock();
-    carrier_.reset();
+    out = TakeLocked();
   }
   if (out.empty()) return;
-  // Gone or broken: the notices go with it, as they would have had they
-  // been sent on it at once.
+  // Null only once the peer closed, and its Close stops this timer first:
+  // the peer sends what Close hands it.
+  std::shared_ptr<DataConn> conn = pick_();
   if (!conn) return;
   PartPtr first = std::move(out.front());
   out.erase(out.begin());
   conn->Enqueue(std::move(first), std::move(out));
 }
 
-void NoticeCourier::Close() {
+std::vector<PartPtr> NoticeCourier::Close() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (closed_) return;
+    if (closed_) return {};
     closed_ = true;
   }
-  Flush();
-  timer_->Stop();
+  timer_->Stop();  // a flush under way ends first
+  std::lock_guard<std::mutex> lk(mu_);
+  return TakeLocked();
 }
 
 }  // namespace tcp

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -21,33 +22,42 @@
 namespace mori_torch {
 namespace tcp {
 
-class NoticeCourier : public std::enable_shared_from_this<NoticeCourier> {
+class NoticeCourier {
  public:
-  static std::shared_ptr<NoticeCourier> Make(EventLoop* loop, int64_t delay_us);
+  // `pick` returns a connection of the peer to send on (null once the peer
+  // is closed); a notice's send deadline is op_timeout_ms from when it leaves.
+  static std::shared_ptr<NoticeCourier> Make(EventLoop* loop, int64_t delay_us, int64_t op_timeout_ms,
+                                             std::function<std::shared_ptr<DataConn>()> pick);
   NoticeCourier(const NoticeCourier&) = delete;
   NoticeCourier& operator=(const NoticeCourier&) = delete;
 
-  // From the thread that read the response on `conn` (which may carry the
-  // notice if no request does). False once closed: the caller sends it.
-  bool Hold(PartPtr notice, const std::shared_ptr<DataConn>& conn);
+  // Keeps a notice until a request takes it or its delay ends. False once
+  // closed: the caller sends it or lets it go.
+  bool Hold(PartPtr notice);
   // The waiting notices, for the caller to send with its next request
   // (usually none: one atomic load).
   std::vector<PartPtr> Take();
-  // Sends the waiting notices now, on the connection of the latest.
+  // Sends the waiting notices now on a connection `pick` gives.
   void Flush();
-  // Flushes and stops the timer; Hold refuses from then on. Idempotent.
-  void Close();
+  // Stops the timer (waiting for a flush under way) and returns the waiting
+  // notices, for the peer to send before its connections close; Hold
+  // refuses from then on. Idempotent.
+  std::vector<PartPtr> Close();
 
  private:
-  explicit NoticeCourier(int64_t delay_us) : delay_us_(delay_us) {}
+  NoticeCourier(int64_t delay_us, int64_t op_timeout_ms, std::function<std::shared_ptr<DataConn>()> pick)
+      : delay_us_(delay_us), op_timeout_ms_(op_timeout_ms), pick_(std::move(pick)) {}
+  // mu_ held: takes the waiting notices, their deadlines counted from now.
+  std::vector<PartPtr> TakeLocked();
 
   const int64_t delay_us_;
+  const int64_t op_timeout_ms_;
+  const std::function<std::shared_ptr<DataConn>()> pick_;
   std::shared_ptr<LoopTimer> timer_;  // set by Make
   std::mutex mu_;
   bool closed_ = false;
   std::vector<PartPtr> waiting_;
-  std::weak_ptr<DataConn> carrier_;  // the connection of the latest waiting notice
-  std::atomic<bool> any_{false};     // waiting_ is not empty
+  std::atomic<bool> any_{false};  // waiting_ is not empty
 };
 
 }  // namespace tcp

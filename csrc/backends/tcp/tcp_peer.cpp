@@ -1,6 +1,7 @@
 #include "backends/tcp/tcp_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <string>
 
@@ -23,7 +24,10 @@ TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, 
       conns_(static_cast<size_t>(cfg.num_data_conns)) {
   if (!cfg.enable_notification || cfg.notice_delay_us == 0) return;
   try {
-    courier_ = NoticeCourier::Make(workers_.loop, cfg.notice_delay_us);
+    // `this` outlives the courier's use of it: Close (first in ~TcpPeer)
+    // stops the courier's timer, the only caller of pick, before anything goes.
+    courier_ =
+        NoticeCourier::Make(workers_.loop, cfg.notice_delay_us, cfg.op_timeout_ms, [this] { return ConnForNotices(); });
   } catch (const std::exception& e) {  // no timerfd: each notice goes out at once, as with notice_delay_us=0
     MORI_LOG(Warning, "TCP peer '" << remote_.key << "': read notices are sent at once: " << e.what());
   }
@@ -52,6 +56,9 @@ void TcpPeer::CheckStreamWait(const MemoryDesc& remote) const {
 }
 
 void TcpPeer::Close(const std::string& reason) {
+  // Before the peer closes (a flush under way still finds a connection):
+  // from here no read notice waits any more.
+  std::vector<PartPtr> notices = courier_ ? courier_->Close() : std::vector<PartPtr>{};
   std::vector<std::shared_ptr<DataConn>> conns;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -59,11 +66,52 @@ void TcpPeer::Close(const std::string& reason) {
     close_reason_ = reason;
     conns.swap(conns_);
   }
-  if (courier_) courier_->Close();  // the waiting notices leave before the connections close
+  SendBeforeClosing(std::move(notices), conns);
   for (auto& c : conns) {
     if (c) c->Break(reason);
   }
   conns.clear();
+}
+
+void TcpPeer::SendBeforeClosing(std::vector<PartPtr> notices, const std::vector<std::shared_ptr<DataConn>>& conns) {
+  if (!courier_) return;
+  // Bounded: a large transfer being sent ahead of a notice must not hold a
+  // shutdown up.
+  constexpr int64_t kDrainMs = 200;
+  if (!notices.empty()) {
+    for (auto& c : conns) {
+      if (!c || c->Broken()) continue;
+      PartPtr first = std::move(notices.front());
+      notices.erase(notices.begin());
+      c->Enqueue(std::move(first), std::move(notices));
+      break;
+    }
+  }
+  // Every connection: notices that requests or the courier's last flush
+  // queued there are written before it breaks (a notice behind a transfer
+  // still in flight then may not be: that transfer fails with the close).
+  const Deadline until = DeadlineAfterMs(kDrainMs);
+  for (auto& c : conns) {
+    if (!c) continue;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    c->DrainNotices(std::max<int64_t>(left, 0));
+  }
+}
+
+std::shared_ptr<DataConn> TcpPeer::ConnForNotices() {
+  size_t start;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_.load() || conns_.empty()) return nullptr;
+    const size_t n = conns_.size();
+    start = next_conn_.fetch_add(1, std::memory_order_relaxed) % n;
+    for (size_t k = 0; k < n; ++k) {
+      const auto& c = conns_[(start + k) % n];
+      if (c && c->Ready()) return c;
+    }
+  }
+  std::string err;
+  return Conn(start, &err);  // none open: open one
 }
 
 std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
