@@ -17,10 +17,11 @@ on the machine hit every case alike):
   polled (as an application polls) and call -> ``Wait()`` returned, with the
   default ``TcpBackendConfig``, with ``poller_receives=False`` (responses
   read by the event loop only, not by the polling thread), with
-  ``notice_delay_us=0`` (a read's completion notice sent on its own at once
-  instead of riding on the next request) and with ``inline_max_bytes=0``
-  (every request handed to the backend's worker threads, the behaviour
-  before inline handling).
+  ``notice_delay_us=0`` and ``1000`` (a read's completion notice sent on its
+  own at once, or riding on the next request; the default picks one by
+  whether the event loops spin) and with ``inline_max_bytes=0`` (every
+  request handed to the backend's worker threads, the behaviour before
+  inline handling).
 
 Reported per case: p50, p90, p99 (microseconds) over all rounds, the ratio of
 the p50 to the socket's p50 and of the p99 to the own p50. Every read's bytes
@@ -51,7 +52,7 @@ from mori_torch.io import (  # noqa: E402
 
 REQUEST_BYTES = 80  # tcp_protocol.h RequestHeader
 CONFIGS = {"default": {}, "poller off": {"poller_receives": False}, "notices at once": {"notice_delay_us": 0},
-           "inline off": {"inline_max_bytes": 0}}
+           "notices held": {"notice_delay_us": 1000}, "inline off": {"inline_max_bytes": 0}}
 
 
 def _pattern(n: int) -> torch.Tensor:

@@ -224,8 +224,9 @@ class TcpBackendConfig:
     poller_receives: bool = True
     # A read's completion notice to the target waits up to this long to ride
     # on the next request to that peer, in the same system call, instead of
-    # costing a send and a target event of its own (0: sent at once).
-    notice_delay_us: int = 1000
+    # costing a send and a target event of its own (0: sent at once; -1: 1000
+    # where the event loop spins, MORI_TORCH_LOOP_SPIN_US, else 0).
+    notice_delay_us: int = -1
 
 
 _CONFIG_TYPES = {

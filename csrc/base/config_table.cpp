@@ -167,9 +167,10 @@ const std::vector<Entry>& Rows() {
       Bool(Tcp, "poller_receives", true,
            "Where the event loop sleeps between events (MORI_TORCH_LOOP_SPIN_US 0), a thread polling a small "
            "host-memory transfer's status reads its response itself once it is all there."),
-      Int(Tcp, "notice_delay_us", 1000, 0, 10000000,
+      Int(Tcp, "notice_delay_us", -1, -1, 10000000,
           "A read's completion notice to the target waits up to this long to ride on the next request to that "
-          "peer, in the same system call (0: sent on its own at once)."),
+          "peer, in the same system call (0: sent on its own at once; -1: 1000 where the event loop spins, "
+          "MORI_TORCH_LOOP_SPIN_US, else 0)."),
 
       // RdmaBackendConfig: MORI-IO's fields (its own messages for its checks), plus extensions.
       Int(Rdma, "qp_per_transfer", 1, 1, 64, "RC QPs per rail and peer."),

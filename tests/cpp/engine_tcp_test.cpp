@@ -16,7 +16,9 @@
 #include <random>
 #include <thread>
 
+#include "backends/tcp/tcp_notices.h"
 #include "core/engine.h"
+#include "core/event_loop.h"
 #include "core/logging.h"
 #include "test_util.h"
 
@@ -993,6 +995,24 @@ TEST_F(ReadNoticeTest, NoticesOfARefusedConnectionGoOnAnother) {
   ASSERT_GT(refused, 0) << "every connection was accepted: the test needs some refused";
   ASSERT_GE(done.size(), 2u) << "no read got through";
   for (TransferUid uid : done) EXPECT_TRUE(PollUntil([&] { return Notice(uid); }, 5000)) << "notice of read " << uid;
+}
+
+TEST(NoticeDelayTest, DefaultFollowsWhetherTheLoopsSpin) {
+  const tcp::TcpConfig dflt = tcp::TcpConfig::FromMap({});
+  ASSERT_EQ(dflt.notice_delay_us, -1);
+  {
+    testing_util::ScopedEnv spin("MORI_TORCH_LOOP_SPIN_US", "50");
+    EventLoop loop(1);
+    EXPECT_EQ(tcp::NoticeDelayUs(dflt, loop), 1000) << "held where the loops spin";
+  }
+  {
+    testing_util::ScopedEnv sleep("MORI_TORCH_LOOP_SPIN_US", "0");
+    EventLoop loop(1);
+    EXPECT_EQ(tcp::NoticeDelayUs(dflt, loop), 0) << "at once where they sleep";
+    tcp::TcpConfig set = dflt;
+    set.notice_delay_us = 250;
+    EXPECT_EQ(tcp::NoticeDelayUs(set, loop), 250) << "a set value stands";
+  }
 }
 
 TEST_F(ReadNoticeTest, ZeroDelaySendsAtOnce) {

@@ -43,7 +43,8 @@ struct TcpConfig {
   // response (DataConn::ReceiveForCaller) where the loop does not spin.
   bool poller_receives{};
   // mori_torch extension: a read's completion notice waits up to this long
-  // to ride on the next request to the peer (tcp_notices.h); 0: sent at once.
+  // to ride on the next request to the peer (tcp_notices.h); 0: sent at
+  // once; -1: NoticeDelayUs() picks by whether the event loop spins.
   int64_t notice_delay_us{};
 
   static TcpConfig FromMap(const BackendConfig& m);

@@ -5,6 +5,12 @@
 namespace mori_torch {
 namespace tcp {
 
+int64_t NoticeDelayUs(const TcpConfig& cfg, const EventLoop& loop) {
+  constexpr int64_t kWhereLoopsSpinUs = 1000;
+  if (cfg.notice_delay_us >= 0) return cfg.notice_delay_us;
+  return loop.Spins() ? kWhereLoopsSpinUs : 0;
+}
+
 std::shared_ptr<NoticeCourier> NoticeCourier::Make(EventLoop* loop, int64_t delay_us, int64_t op_timeout_ms,
                                                    std::function<std::shared_ptr<DataConn>()> pick) {
   std::shared_ptr<NoticeCourier> c(new NoticeCourier(delay_us, op_timeout_ms, std::move(pick)));

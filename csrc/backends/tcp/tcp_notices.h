@@ -22,6 +22,14 @@
 namespace mori_torch {
 namespace tcp {
 
+// notice_delay_us as configured, -1 resolved: 1000 us where the event loop
+// spins after events, 0 where it sleeps. Measured (docs/BENCHMARK.md): with
+// spinning loops a held notice takes 1.4-2.5 us off a 4 KiB read's p50; with
+// sleeping ones it gains nothing where the polling thread receives, and costs
+// 2-3 us where the loop does (a notice sent at once wakes the target's loop
+// just before the initiator's next request arrives).
+int64_t NoticeDelayUs(const TcpConfig& cfg, const EventLoop& loop);
+
 class NoticeCourier {
  public:
   // `pick` returns a connection of the peer to send on (null once the peer

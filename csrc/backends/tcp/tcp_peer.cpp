@@ -22,7 +22,8 @@ TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, 
       staging_(std::move(staging)),
       workers_(std::move(workers)),
       conns_(static_cast<size_t>(cfg.num_data_conns)) {
-  if (!cfg.enable_notification || cfg.notice_delay_us == 0) return;
+  const int64_t delay_us = NoticeDelayUs(cfg, *workers_.loop);
+  if (!cfg.enable_notification || delay_us == 0) return;
   try {
     // `this` outlives the courier's use of it: Close (first in ~TcpPeer)
     // stops the courier's timer, the only caller of pick, before anything goes.
