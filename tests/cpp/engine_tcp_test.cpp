@@ -966,13 +966,17 @@ TEST_F(ReadNoticeTest, HeldNoticesLeaveWhenTheInitiatorShutsDown) {
   EXPECT_TRUE(PollUntil([&] { return Notice(2); }, 5000)) << "the striped read's notices were lost at shutdown";
 }
 
-TEST_F(ReadNoticeTest, HeldNoticesLeaveAtShutdownWhateverTheSendPath) {
-  // Every request through the sender threads: the held notice cannot be
-  // written by the closing thread itself.
-  Start(/*notice_delay_us=*/10 * 1000 * 1000, BackendConfig{{"inline_max_bytes", 0}});
-  Read(0, 4096, 1);
-  a_->Shutdown();
-  EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 5000)) << "lost at shutdown with inline_max_bytes=0";
+TEST_F(ReadNoticeTest, NoticesLeaveAtShutdownWhateverTheSendPath) {
+  // Every request through the sender threads: a notice cannot be written by
+  // the closing thread itself. Held (10 s) or sent at once (0), the engine
+  // shuts down right after the read and the notice must still arrive.
+  for (int64_t delay_us : {int64_t{10} * 1000 * 1000, int64_t{0}}) {
+    Start(delay_us, BackendConfig{{"inline_max_bytes", 0}});
+    Read(0, 4096, 1);
+    a_->Shutdown();
+    EXPECT_TRUE(PollUntil([&] { return Notice(1); }, 5000)) << "lost at shutdown, notice_delay_us=" << delay_us;
+    TearDown();
+  }
 }
 
 TEST_F(ReadNoticeTest, NoticesOfARefusedConnectionGoOnAnother) {
@@ -1012,6 +1016,22 @@ TEST(NoticeDelayTest, DefaultFollowsWhetherTheLoopsSpin) {
     tcp::TcpConfig set = dflt;
     set.notice_delay_us = 250;
     EXPECT_EQ(tcp::NoticeDelayUs(set, loop), 250) << "a set value stands";
+  }
+}
+
+TEST_F(ReadNoticeTest, DefaultHoldsWhereTheLoopsSpin) {
+  testing_util::ScopedEnv spin("MORI_TORCH_LOOP_SPIN_US", "50");  // read when the engines' loops start
+  Start(/*notice_delay_us=*/-1);                                  // the default
+  for (TransferUid uid = 1; uid <= 3; ++uid) {
+    Read(0, 4096, uid);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto give_up = t0 + std::chrono::seconds(5);
+    bool arrived = false;
+    while (!(arrived = Notice(uid)) && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    ASSERT_TRUE(arrived) << "no notice for read " << uid;
+    // Nothing else went to B: held for its 1 ms, it cannot have come much sooner.
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+    EXPECT_GE(us.count(), 500) << "read " << uid << "'s notice was not held";
   }
 }
 

@@ -42,9 +42,10 @@ class TcpPeer : public BackendPeer {
   // (the first from the round-robin position), else one opened now; null
   // once closed.
   std::shared_ptr<DataConn> ConnForNotices();
-  // Close: the read notices still waiting go out on an open connection, and
-  // each connection's queued sends get a bounded moment to leave.
-  void SendBeforeClosing(std::vector<PartPtr> notices, const std::vector<std::shared_ptr<DataConn>>& conns);
+  // Close: the notices the courier still held go out on `carrier`, and every
+  // connection gets a bounded moment to write the notices queued on it.
+  void SendBeforeClosing(std::vector<PartPtr> notices, const std::shared_ptr<DataConn>& carrier,
+                         const std::vector<std::shared_ptr<DataConn>>& conns);
 
   const EngineDesc self_;
   const std::string secret_;

@@ -106,7 +106,7 @@ bool DataConn::SendInlineLocked(const Part& p) {
   return room_.Fits(RequestWireBytes(p.op, p.segs.size(), p.total));
 }
 
-void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices) {
+void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices, bool counted) {
   bool stopped = false;
   bool send_here = false;
   {
@@ -115,7 +115,7 @@ void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices) {
       send_here = SendInlineLocked(*p);
       // Notices first: a few bytes the target files at once, never stuck
       // behind a large payload.
-      notices_unsent_ += notices.size() + (p->op == Op::Notice ? 1 : 0);
+      notices_unsent_ += notices.size() + (p->op == Op::Notice && !counted ? 1 : 0);
       for (auto& n : notices) send_q_.push_back(std::move(n));
       notices.clear();
       send_q_.push_back(std::move(p));
@@ -134,6 +134,10 @@ void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices) {
     return;
   }
   // Broken: notices go back to the courier; a request fails.
+  if (counted) {
+    std::lock_guard<std::mutex> lk(mu_);
+    --notices_unsent_;
+  }
   if (p->op == Op::Notice) notices.push_back(std::move(p));
   HandBack(std::move(notices));
   if (!p) return;
@@ -630,6 +634,7 @@ bool DataConn::ReceiveOne() {
   }
   if (code != StatusCode::SUCCESS && !IsError(code)) code = StatusCode::ERR_BAD_STATE;
   if (IsError(code)) msg = "engine '" + peer_key_ + "': " + msg;
+  const bool notice = code == StatusCode::SUCCESS && head->op == Op::Read && head->notify;
   bool deferred;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -640,14 +645,12 @@ bool DataConn::ReceiveOne() {
       unbusier.p = nullptr;
     }
     deferred = DeferIfBusy(*head, code, msg);
+    // Counted before the status ends: a caller that closes the peer as soon
+    // as its read ends waits for this notice (DrainNotices), which follows.
+    if (notice) ++notices_unsent_;
   }
-  const bool notice = code == StatusCode::SUCCESS && head->op == Op::Read && head->notify;
-  // Held before the status ends: a caller that shuts down as soon as its
-  // read ends finds the notice with the courier, which its Close sends. Sent
-  // at once, it goes after (its send is not the caller's to wait for).
-  if (notice && courier_) NoticeRead(*head);
   if (!deferred) Complete(*head, code, msg);
-  if (notice && !courier_) NoticeRead(*head);
+  if (notice) NoticeRead(*head);
   return true;
 }
 
@@ -660,7 +663,12 @@ void DataConn::NoticeRead(const Part& read) {
   n->attempt = read.attempt;
   n->incarnation = read.incarnation;
   n->deadline = DeadlineAfterMs(cfg_.op_timeout_ms);
-  if (!courier_ || !courier_->Hold(n)) Enqueue(std::move(n));
+  if (courier_ && courier_->Hold(n)) {
+    std::lock_guard<std::mutex> lk(mu_);
+    --notices_unsent_;  // the courier has it now
+    return;
+  }
+  Enqueue(std::move(n), {}, /*counted=*/true);
 }
 }  // namespace tcp
 }  // namespace mori_torch

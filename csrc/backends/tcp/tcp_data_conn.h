@@ -94,8 +94,9 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
 
   // Queues a request, with `notices` just before it (in the same system
   // call when they fit); on a broken connection the request fails at once
-  // and the notices go back to the courier.
-  void Enqueue(PartPtr p, std::vector<PartPtr> notices = {});
+  // and the notices go back to the courier. `counted`: p is a notice that
+  // notices_unsent_ already counts (ReceiveOne).
+  void Enqueue(PartPtr p, std::vector<PartPtr> notices = {}, bool counted = false);
   // Waits up to max_ms until no notice is queued or being sent (the peer's
   // Close: notices queued last leave before the connection breaks).
   void DrainNotices(int64_t max_ms);
@@ -158,8 +159,8 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   void DoneReading(bool rearm);
   // Reads one response (its first bytes have arrived); false: broken.
   bool ReceiveOne();
-  // A read ended well: its notice to the target, held by the courier or
-  // queued at once.
+  // A read ended well: its notice to the target (counted in
+  // notices_unsent_ by the caller), held by the courier or queued at once.
   void NoticeRead(const Part& read);
   // Notices a broken connection could not send get one more chance on
   // another connection of the peer (the courier); the rest are dropped.
@@ -204,7 +205,7 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   std::string broken_reason_;
   uint64_t next_req_id_ = 1;
   bool send_scheduled_ = false;  // a send job is queued or running
-  size_t notices_unsent_ = 0;    // notices queued or in a batch being written
+  size_t notices_unsent_ = 0;    // notices about to be queued, queued, or in a batch being written
   bool watched_ = false;         // the socket is on the event loop
   std::shared_ptr<gpu::StagingPool> staging_;
   // Bounce buffers of the sender (GPU write payloads) and of the receiver

@@ -1,12 +1,11 @@
 // Completion notices of reads (the initiator tells the target that a read's
 // bytes have landed) wait up to notice_delay_us to ride on the next request
 // to the same peer, in the same sendmsg just before it. Sent on their own,
-// each costs the initiator a system call before its poll returns and the
-// target a second event per read, handled just as the next request arrives
-// (measured: 2.8 us of a 4 KiB read's p50 where loops spin, 8 us where they
-// sleep; docs/BENCHMARK.md). A notice nobody takes goes out by itself when
-// the delay ends (a LoopTimer), and all waiting ones when the peer closes.
-// The target files a notice by the peer's key, whatever connection brings it.
+// each costs the initiator a system call and the target a second event per
+// read, handled just as the next request arrives (docs/BENCHMARK.md). A
+// notice nobody takes goes out by itself when the delay ends (a LoopTimer),
+// and all waiting ones when the peer closes. The target files a notice by
+// the peer's key, whatever connection brings it.
 #pragma once
 
 #include <atomic>
@@ -49,7 +48,7 @@ class NoticeCourier {
   void Flush();
   // Stops the timer (waiting for a flush under way) and returns the waiting
   // notices, for the peer to send before its connections close; Hold
-  // refuses from then on. Idempotent.
+  // refuses from then on. A second call returns none at once.
   std::vector<PartPtr> Close();
 
  private:

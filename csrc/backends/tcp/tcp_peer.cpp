@@ -27,8 +27,7 @@ TcpPeer::TcpPeer(const EngineDesc& self, std::string secret, EngineDesc remote, 
   try {
     // `this` outlives the courier's use of it: Close (first in ~TcpPeer)
     // stops the courier's timer, the only caller of pick, before anything goes.
-    courier_ =
-        NoticeCourier::Make(workers_.loop, cfg.notice_delay_us, cfg.op_timeout_ms, [this] { return ConnForNotices(); });
+    courier_ = NoticeCourier::Make(workers_.loop, delay_us, cfg.op_timeout_ms, [this] { return ConnForNotices(); });
   } catch (const std::exception& e) {  // no timerfd: each notice goes out at once, as with notice_delay_us=0
     MORI_LOG(Warning, "TCP peer '" << remote_.key << "': read notices are sent at once: " << e.what());
   }
@@ -57,9 +56,10 @@ void TcpPeer::CheckStreamWait(const MemoryDesc& remote) const {
 }
 
 void TcpPeer::Close(const std::string& reason) {
-  // Before the peer closes (a flush under way still finds a connection):
-  // from here no read notice waits any more.
+  // Before the peer closes (a flush under way still finds a connection, and
+  // one may be opened for the waiting notices): from here no notice waits.
   std::vector<PartPtr> notices = courier_ ? courier_->Close() : std::vector<PartPtr>{};
+  std::shared_ptr<DataConn> carrier = notices.empty() ? nullptr : ConnForNotices();
   std::vector<std::shared_ptr<DataConn>> conns;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -67,30 +67,26 @@ void TcpPeer::Close(const std::string& reason) {
     close_reason_ = reason;
     conns.swap(conns_);
   }
-  SendBeforeClosing(std::move(notices), conns);
+  SendBeforeClosing(std::move(notices), carrier, conns);
   for (auto& c : conns) {
     if (c) c->Break(reason);
   }
   conns.clear();
 }
 
-void TcpPeer::SendBeforeClosing(std::vector<PartPtr> notices, const std::vector<std::shared_ptr<DataConn>>& conns) {
-  if (!courier_) return;
+void TcpPeer::SendBeforeClosing(std::vector<PartPtr> notices, const std::shared_ptr<DataConn>& carrier,
+                                const std::vector<std::shared_ptr<DataConn>>& conns) {
   // Bounded: a large transfer being sent ahead of a notice must not hold a
   // shutdown up.
   constexpr int64_t kDrainMs = 200;
-  if (!notices.empty()) {
-    for (auto& c : conns) {
-      if (!c || c->Broken()) continue;
-      PartPtr first = std::move(notices.front());
-      notices.erase(notices.begin());
-      c->Enqueue(std::move(first), std::move(notices));
-      break;
-    }
+  if (!notices.empty() && carrier) {
+    PartPtr first = std::move(notices.front());
+    notices.erase(notices.begin());
+    carrier->Enqueue(std::move(first), std::move(notices));
   }
-  // Every connection: notices that requests or the courier's last flush
-  // queued there are written before it breaks (a notice behind a transfer
-  // still in flight then may not be: that transfer fails with the close).
+  // Every connection: notices queued there (by requests, the courier, or a
+  // read that ended just now) are written before it breaks. A reset (a
+  // transfer still in flight) may still drop what the kernel has not sent.
   const Deadline until = DeadlineAfterMs(kDrainMs);
   for (auto& c : conns) {
     if (!c) continue;
