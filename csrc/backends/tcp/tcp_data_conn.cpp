@@ -151,6 +151,13 @@ void DataConn::Enqueue(PartPtr p, std::vector<PartPtr> notices, bool counted) {
   Complete(*p, StatusCode::ERR_BAD_STATE, "TCP connection to engine '" + peer_key_ + "' is broken: " + why, path);
 }
 
+void DataConn::EnqueueNotices(std::vector<PartPtr> notices) {
+  if (notices.empty()) return;
+  PartPtr last = std::move(notices.back());
+  notices.pop_back();
+  Enqueue(std::move(last), std::move(notices));
+}
+
 void DataConn::Complete(Part& p, StatusCode code, const std::string& msg, bool path_failed) {
   // p.use belongs to the send job, which releases it itself.
   if (p.tracker) p.tracker->PartDone(code, msg, path_failed);

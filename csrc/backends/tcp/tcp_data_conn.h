@@ -97,6 +97,8 @@ class DataConn : public std::enable_shared_from_this<DataConn> {
   // and the notices go back to the courier. `counted`: p is a notice that
   // notices_unsent_ already counts (ReceiveOne).
   void Enqueue(PartPtr p, std::vector<PartPtr> notices = {}, bool counted = false);
+  // Queues notices alone (none: nothing), as Enqueue does.
+  void EnqueueNotices(std::vector<PartPtr> notices);
   // Waits up to max_ms until no notice is queued or being sent (the peer's
   // Close: notices queued last leave before the connection breaks).
   void DrainNotices(int64_t max_ms);

@@ -56,11 +56,7 @@ void NoticeCourier::Flush() {
   if (out.empty()) return;
   // Null only once the peer closed, and its Close stops this timer first:
   // the peer sends what Close hands it.
-  std::shared_ptr<DataConn> conn = pick_();
-  if (!conn) return;
-  PartPtr first = std::move(out.front());
-  out.erase(out.begin());
-  conn->Enqueue(std::move(first), std::move(out));
+  if (std::shared_ptr<DataConn> conn = pick_()) conn->EnqueueNotices(std::move(out));
 }
 
 std::vector<PartPtr> NoticeCourier::Close() {

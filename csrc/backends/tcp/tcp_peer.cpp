@@ -79,11 +79,7 @@ void TcpPeer::SendBeforeClosing(std::vector<PartPtr> notices, const std::shared_
   // Bounded: a large transfer being sent ahead of a notice must not hold a
   // shutdown up.
   constexpr int64_t kDrainMs = 200;
-  if (!notices.empty() && carrier) {
-    PartPtr first = std::move(notices.front());
-    notices.erase(notices.begin());
-    carrier->Enqueue(std::move(first), std::move(notices));
-  }
+  if (carrier) carrier->EnqueueNotices(std::move(notices));
   // Every connection: notices queued there (by requests, the courier, or a
   // read that ended just now) are written before it breaks. A reset (a
   // transfer still in flight) may still drop what the kernel has not sent.
