@@ -949,8 +949,12 @@ TEST_F(ReadNoticeTest, HeldNoticesRideOnTheNextRequest) {
 TEST_F(ReadNoticeTest, HeldNoticeLeavesWhenItsDelayEnds) {
   Start(/*notice_delay_us=*/50 * 1000);
   for (TransferUid uid = 1; uid <= 3; ++uid) {
-    Read(0, 4096, uid);
+    // Timed from before the read: the hold starts after it, so this lower
+    // bound holds however long the scheduler keeps this thread off a busy
+    // machine between the read's end and the clock (CI timed it from after
+    // the read and once saw 2 us).
     const auto t0 = std::chrono::steady_clock::now();
+    Read(0, 4096, uid);
     EXPECT_TRUE(PollUntil([&] { return Notice(uid); }, 5000)) << "no notice for read " << uid;
     // Nothing else went to B: only the timer can have sent it.
     EXPECT_GE(MsSince(t0), 20) << "read " << uid << "'s notice came before its delay";
@@ -1023,13 +1027,17 @@ TEST_F(ReadNoticeTest, DefaultHoldsWhereTheLoopsSpin) {
   testing_util::ScopedEnv spin("MORI_TORCH_LOOP_SPIN_US", "50");  // read when the engines' loops start
   Start(/*notice_delay_us=*/-1);                                  // the default
   for (TransferUid uid = 1; uid <= 3; ++uid) {
-    Read(0, 4096, uid);
+    // Timed from before the read: the hold starts after it, so this lower
+    // bound holds however long the scheduler keeps this thread off a busy
+    // machine between the read's end and the clock (CI timed it from after
+    // the read and once saw 2 us).
     const auto t0 = std::chrono::steady_clock::now();
+    Read(0, 4096, uid);
     const auto give_up = t0 + std::chrono::seconds(5);
     bool arrived = false;
     while (!(arrived = Notice(uid)) && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
     ASSERT_TRUE(arrived) << "no notice for read " << uid;
-    // Nothing else went to B: held for its 1 ms, it cannot have come much sooner.
+    // Nothing else went to B: held for its 1 ms, it cannot have come sooner.
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
     EXPECT_GE(us.count(), 500) << "read " << uid << "'s notice was not held";
   }
