@@ -57,6 +57,18 @@ def wait_ok(status, timeout_ms=20000):
     assert code == StatusCode.SUCCESS, f"{code!r}: {status.Message()}"
 
 
+def pop_notice(target, initiator_key, uid, timeout_s=10.0, poll_s=0.001):
+    """The completion notice of transfer `uid` from `initiator_key`, popped at
+    `target`: waits for it (a read's notice trails the initiator's status and
+    may wait for its next request), then checks that it came only once."""
+    deadline = time.monotonic() + timeout_s
+    while (st := target.pop_inbound_transfer_status(initiator_key, uid)) is None:
+        assert time.monotonic() < deadline, f"no completion notice from {initiator_key} for uid {uid} in {timeout_s} s"
+        time.sleep(poll_s)
+    assert target.pop_inbound_transfer_status(initiator_key, uid) is None, f"uid {uid} notified twice"
+    return st
+
+
 class Pair:
     """Initiator and target engines in this process, registered both ways."""
 

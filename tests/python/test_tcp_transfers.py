@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import Pair, make_engine, pattern, wait_ok
+from conftest import Pair, make_engine, pattern, pop_notice, wait_ok
 from mori_torch.io import BackendType, StatusCode
 
 
@@ -44,13 +44,8 @@ def poll_ok(status, timeout_s=20.0):
 
 def _assert_noticed_once(pair, uids):
     """Every uid's completion notice reaches the target, once."""
-    key = pair.init.get_engine_desc().key
     for uid in uids:
-        deadline = time.monotonic() + 10
-        while pair.target.pop_inbound_transfer_status(key, uid) is None:
-            assert time.monotonic() < deadline, f"no completion notice for uid {uid}"
-            time.sleep(0.001)
-        assert pair.target.pop_inbound_transfer_status(key, uid) is None, f"uid {uid} notified twice"
+        pop_notice(pair.target, pair.init.key, uid)
 
 
 @pytest.mark.parametrize("op", ["read", "write"])
@@ -76,19 +71,8 @@ def test_single(pair, op, use_session, size):
 
 
 def _assert_notice(pair, uid):
-    key = pair.init.key
-    # Read notices travel back from the initiator after its data landed, so
-    # they may trail the initiator's own status by a moment.
-    st = None
-    for _ in range(2000):
-        st = pair.target.pop_inbound_transfer_status(key, uid)
-        if st is not None:
-            break
-        import time
-
-        time.sleep(0.001)
-    assert st is not None and st.Succeeded()
-    assert pair.target.pop_inbound_transfer_status(key, uid) is None, "pop must consume the notice"
+    st = pop_notice(pair.target, pair.init.key, uid, timeout_s=2)
+    assert st.Succeeded()
 
 
 @pytest.mark.parametrize("op", ["read", "write"])

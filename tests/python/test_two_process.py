@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from conftest import RemoteTarget, freeze, make_engine, pattern, resume, wait_ok
+from conftest import RemoteTarget, freeze, make_engine, pattern, pop_notice, resume, wait_ok
 from mori_torch.io import StatusCode
 
 
@@ -246,10 +246,7 @@ def test_held_read_notice_reaches_the_target_when_the_initiator_exits(delay_us):
         assert ok and got == bytes(data.numpy())
         p.join(30)
         assert p.exitcode == 0
-        deadline = time.monotonic() + 5
-        while tgt.pop_inbound_transfer_status(key, uid) is None:
-            assert time.monotonic() < deadline, f"no notice of the read after the initiator exited (delay {delay} us)"
-            time.sleep(0.005)
+        pop_notice(tgt, key, uid, timeout_s=5, poll_s=0.005)  # after the initiator exited
     finally:
         if p.is_alive():
             p.kill()
