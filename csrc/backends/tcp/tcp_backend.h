@@ -39,8 +39,8 @@ class TcpPeer : public BackendPeer {
   // The i-th connection, (re)opened if needed; nullptr with *err on failure.
   std::shared_ptr<DataConn> Conn(size_t i, std::string* err);
   // Where the courier's notices go: an open connection if there is one
-  // (the first from the round-robin position), else one opened now; null
-  // once closed.
+  // (the first from the round-robin position), else one still connecting,
+  // else one opened now; null once closed.
   std::shared_ptr<DataConn> ConnForNotices();
   // Close: the notices the courier still held go out on `carrier`, and every
   // connection gets a bounded moment to write the notices queued on it.
@@ -53,6 +53,7 @@ class TcpPeer : public BackendPeer {
   const TcpConfig cfg_;
   const std::shared_ptr<gpu::StagingPool> staging_;
   const DataConnWorkers workers_;
+  std::mutex close_mu_;  // one Close at a time (see Close)
   std::atomic<bool> closed_{false};
   std::string close_reason_;
   std::mutex mu_;

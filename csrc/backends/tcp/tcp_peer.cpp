@@ -56,14 +56,21 @@ void TcpPeer::CheckStreamWait(const MemoryDesc& remote) const {
 }
 
 void TcpPeer::Close(const std::string& reason) {
-  // Before the peer closes (a flush under way still finds a connection, and
-  // one may be opened for the waiting notices): from here no notice waits.
-  std::vector<PartPtr> notices = courier_ ? courier_->Close() : std::vector<PartPtr>{};
-  std::shared_ptr<DataConn> carrier = notices.empty() ? nullptr : ConnForNotices();
+  std::vector<PartPtr> notices;
+  std::shared_ptr<DataConn> carrier;
   std::vector<std::shared_ptr<DataConn>> conns;
   {
+    // A second Close waits here until the first has taken the notices and
+    // the connections: else it could break the connection the first picked
+    // for them, and they would be lost. Nothing here calls back into Close.
+    std::lock_guard<std::mutex> ck(close_mu_);
+    if (closed_.load()) return;
+    // Before the peer closes (a flush under way still finds a connection, and
+    // one may be opened for the waiting notices): from here no notice waits.
+    if (courier_) notices = courier_->Close();
+    if (!notices.empty()) carrier = ConnForNotices();
     std::lock_guard<std::mutex> lk(mu_);
-    if (closed_.exchange(true)) return;
+    closed_.store(true);
     close_reason_ = reason;
     conns.swap(conns_);
   }
@@ -102,9 +109,13 @@ std::shared_ptr<DataConn> TcpPeer::ConnForNotices() {
       const auto& c = conns_[(start + k) % n];
       if (c && c->Ready()) return c;
     }
+    for (size_t k = 0; k < n; ++k) {  // none open: one still connecting will do
+      const auto& c = conns_[(start + k) % n];
+      if (c && c->Usable()) return c;
+    }
   }
   std::string err;
-  return Conn(start, &err);  // none open: open one
+  return Conn(start, &err);  // none at all: open one
 }
 
 std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
