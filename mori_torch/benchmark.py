@@ -111,6 +111,25 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
+def _config_int(scope: str, name: str):
+    """An argparse type: an integer in the range the configuration table
+    declares for ``scope.name``."""
+
+    def parse(text: str) -> int:
+        from mori_torch import config
+
+        e = config.lookup(scope, name)
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not e.minimum <= v <= e.maximum:
+            raise argparse.ArgumentTypeError(f"{scope}.{name} must be in [{e.minimum}, {e.maximum}], got {v}")
+        return v
+
+    return parse
+
+
 def fmt_size(n: int) -> str:
     """Compact binary size: 8, 512, 16K, 64M, 1.5M."""
     for unit, div in (("G", GiB), ("M", MiB), ("K", KiB)):
@@ -167,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "so that load changes on the machine hit both alike (default: 1)")
     m.add_argument("--no-notification", action="store_true",
                    help="TcpBackendConfig.enable_notification=False (default: notifications on, as in MORI-IO)")
+    m.add_argument("--notice-delay-us", type=_config_int("TcpBackendConfig", "notice_delay_us"), default=None,
+                   help="TcpBackendConfig.notice_delay_us: how long a read's completion notice may wait to ride "
+                   "on the next request (0: sent at once; default: the config's, -1: held where the event "
+                   "loops spin)")
     m.add_argument("--no-baseline", action="store_true", help="skip the baseline")
     m.add_argument("--copy-baseline", choices=("local", "peer"), default="local",
                    help="xgmi: what the torch copy_ baseline copies to and from: local = a second tensor that "
@@ -187,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.notice_delay_us is not None and args.backend != "tcp":
+        raise BenchError(f"--notice-delay-us is a TcpBackendConfig setting: it needs --backend tcp, "
+                         f"not {args.backend}")
     if args.mem_type is None:
         args.mem_type = "gpu" if args.backend == "xgmi" else "cpu"
     if args.backend == "xgmi" and args.mem_type != "gpu":
@@ -509,6 +535,17 @@ def run_baseline_initiator(socks, mv, op, parts, iters) -> List[int]:
 # --------------------------------------------------------------------------
 
 
+def tcp_notice_delay_us(args) -> Optional[int]:
+    """TcpBackendConfig.notice_delay_us as configured (-1: the default's
+    choice by the event loops), None for the other backends."""
+    if args.backend != "tcp":
+        return None
+    from mori_torch import config
+
+    return args.notice_delay_us if args.notice_delay_us is not None else config.lookup(
+        "TcpBackendConfig", "notice_delay_us").default
+
+
 def backend_config(args) -> dict:
     """The backend's config fields from the flags (picklable: the target gets it too)."""
     if args.backend == "tcp":
@@ -517,6 +554,8 @@ def backend_config(args) -> dict:
             cfg["staging_chunk_bytes"] = args.staging_chunk_bytes
         if args.staging_depth is not None:
             cfg["staging_depth"] = args.staging_depth
+        if args.notice_delay_us is not None:
+            cfg["notice_delay_us"] = args.notice_delay_us
         return cfg
     if args.backend == "rdma":
         return dict(qp_per_transfer=args.num_qp_per_transfer, enable_notification=not args.no_notification)
@@ -829,8 +868,11 @@ class Initiator:
         if not self.args.no_notification and self.args.backend != "xgmi":  # XGMI has no notices
             # The target records a write's notice right after answering it and
             # a read's when the initiator's notice message arrives: both may
-            # trail Wait() a little, hence the target polls for them.
-            _, popped = self.target.call("pop_notices", self.engine.key, uids, 10.0)
+            # trail Wait() a little, hence the target polls for them. A read's
+            # notice may also wait notice_delay_us for a next request, and
+            # none follows while the target polls.
+            wait_s = 10.0 + max(tcp_notice_delay_us(self.args) or 0, 0) / 1e6
+            _, popped = self.target.call("pop_notices", self.engine.key, uids, wait_s)
             if popped != len(uids):
                 raise BenchError(f"target saw {popped} of {len(uids)} completion notices"
                                  f" for {case.op} {case.n} x {case.seg} B")
@@ -997,6 +1039,7 @@ def run(args, argv: Sequence[str]) -> List[dict]:
                 batch=bool(args.enable_batch_transfer),
                 shuffle=bool(args.shuffle),
                 notifications=not args.no_notification and args.backend != "xgmi",
+                notice_delay_us=tcp_notice_delay_us(args),
                 engine_stripes=engine_stripes(case.total, args.num_data_conns)
                 if args.backend == "tcp" and (args.enable_batch_transfer or case.n == 1) else None,
                 verified=verified,

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,28 @@ def test_xgmi_peer_copy_baseline(tmp_path):
         assert r["verified"] is True and r["baseline"]["kind"] == "torch_copy_peer"
         assert r["baseline_gbps"] > 0 and r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
     assert "the target process's buffer on cuda:" in p.stderr
+
+
+def test_notice_delay_reaches_the_engines(tmp_path):
+    # Held for 6 s, the verification read's notice reaches the target no
+    # sooner (no request follows it while the target waits): the run takes
+    # that long (without the flag: about 3 s here) only if the flag reached the initiator's engine.
+    out = tmp_path / "bench.json"
+    t0 = time.monotonic()
+    p = _run("--op-type", "read", "--buffer-size", "4K", "--transfer-batch-size", "1", "--iters", "3",
+             "--warmup", "1", "--notice-delay-us", "6000000", "--json", str(out))
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout + p.stderr
+    (r,) = json.loads(out.read_text())
+    assert r["notice_delay_us"] == 6000000 and r["verified"] is True
+    assert took >= 6.0, f"the run took {took:.1f} s: the notice was not held"
+
+
+def test_notice_delay_is_checked_and_tcp_only():
+    p = _run("--notice-delay-us", "-2", "--iters", "1", timeout=60)
+    assert p.returncode == 2
+    assert "TcpBackendConfig.notice_delay_us must be in [-1, 10000000], got -2" in p.stderr
+    p = _run("--backend", "xgmi", "--notice-delay-us", "0", "--iters", "1", timeout=60)
+    assert p.returncode == 1
+    assert "--notice-delay-us is a TcpBackendConfig setting: it needs --backend tcp, not xgmi" in p.stderr
+    assert "Traceback" not in p.stderr
