@@ -949,10 +949,8 @@ TEST_F(ReadNoticeTest, HeldNoticesRideOnTheNextRequest) {
 TEST_F(ReadNoticeTest, HeldNoticeLeavesWhenItsDelayEnds) {
   Start(/*notice_delay_us=*/50 * 1000);
   for (TransferUid uid = 1; uid <= 3; ++uid) {
-    // Timed from before the read: the hold starts after it, so this lower
-    // bound holds however long the scheduler keeps this thread off a busy
-    // machine between the read's end and the clock (CI timed it from after
-    // the read and once saw 2 us).
+    // Timed from before the read, as in DefaultHoldsWhereTheLoopsSpin: a
+    // lower bound whatever the scheduler does after the read.
     const auto t0 = std::chrono::steady_clock::now();
     Read(0, 4096, uid);
     EXPECT_TRUE(PollUntil([&] { return Notice(uid); }, 5000)) << "no notice for read " << uid;
