@@ -39,19 +39,31 @@ struct PendingCopy {
   int device = -1;
   bool done = false;
   std::vector<MemoryUse> uses;
+  LanePicker* picker = nullptr;  // the lane taken for the copies, until done
+  size_t lane = 0;
+
+  // Under mu, once: the copies ran (or never will), so the lane is free.
+  void Finish() {
+    done = true;
+    if (picker) picker->Release(lane);
+    picker = nullptr;
+  }
 
   // Checks the event; ends the statuses when the copies finished or failed.
   void Poll() {
     gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
     std::lock_guard<std::mutex> lk(mu);
     if (done || !event) return;
+    StatusCode code = StatusCode::SUCCESS;
+    std::string msg;
     try {
       if (gpu::QueryEvent(event) == 0) return;
-      for (const StatusPtr& s : statuses) s->Update(StatusCode::SUCCESS);
     } catch (const Error& e) {
-      for (const StatusPtr& s : statuses) s->Update(StatusCode::ERR_GPU_OP, e.what());
+      code = StatusCode::ERR_GPU_OP;
+      msg = e.what();
     }
-    done = true;
+    Finish();  // before the statuses end: the caller's next transfer finds the lane free
+    for (const StatusPtr& s : statuses) s->Update(code, msg);
   }
 };
 
@@ -122,6 +134,7 @@ DeviceContext& XgmiBackend::Device(int device) {
       lane->stream = gpu::CreateStream(device);
       fresh->lanes.push_back(std::move(lane));
     }
+    fresh->picker = std::make_unique<LanePicker>(fresh->lanes.size());
     std::lock_guard<std::mutex> ek(event_mu_);
     auto& pool = free_events_[device];
     for (int64_t i = 0; i < cfg_.num_events; ++i) pool.push_back(gpu::CreateEvent(device));
@@ -431,7 +444,9 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
       total += p.bytes;
     }
     DeviceContext& dc = Device(dev);
-    lane = dc.lanes[dc.next.fetch_add(1, std::memory_order_relaxed) % dc.lanes.size()].get();
+    pending->lane = dc.picker->Take();
+    pending->picker = dc.picker.get();
+    lane = dc.lanes[pending->lane].get();
     std::lock_guard<std::mutex> lk(lane->mu);
     gpu::DeviceScope on_device(dev);  // restores the caller's device: torch reads it
     if (KernelSuits(segments, total)) {
@@ -447,6 +462,7 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     gpu::RecordEvent(pending->event, lane->stream);
   } catch (const std::exception& e) {
     if (pending && pending->event) ReturnEvent(pending->event, dev);
+    if (pending && pending->picker) pending->picker->Release(pending->lane);  // never shared: no Finish
     // Copies enqueued before the failure may still run: they finish before
     // the statuses end and the local memory is let go.
     if (lane != nullptr) {
@@ -556,7 +572,7 @@ void XgmiBackend::Shutdown() {
         s->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
       }
     }
-    p->done = true;
+    if (!p->done) p->Finish();
     p->event = nullptr;  // destroyed with the pools below
     p->uses.clear();
   }

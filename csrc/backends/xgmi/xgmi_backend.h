@@ -1,7 +1,7 @@
 // BackendType.XGMI: GPU peer copies between GPUs of one node (NVLink, XGMI
 // or PCIe), in one process or across processes. Remote memory is mapped once
 // per (peer, memory) from its IPC handle. Few large segments go to the copy
-// engines (async copies on a pool of streams); batches of small segments go
+// engines (async copies on a pool of streams, picked by LanePicker); batches of small segments go
 // to one gather/scatter kernel launch reading its list from device memory.
 // Completion: an event per transfer, polled by the status (Code/Wait) and by
 // a completion thread, so statuses end even if nobody polls.
@@ -25,6 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backends/xgmi/lane_picker.h"
 #include "backends/xgmi/xgmi_ownership.h"
 #include "core/backend.h"
 #include "core/peer_cache.h"
@@ -71,7 +72,7 @@ struct DeviceContext {
   int device = -1;
   uint32_t resident_groups = 1;  // segment-copy thread groups that run at once
   std::vector<std::unique_ptr<Lane>> lanes;
-  std::atomic<uint64_t> next{0};
+  std::unique_ptr<LanePicker> picker;  // over `lanes`
   std::mutex lists_mu;
   std::deque<std::unique_ptr<SegmentList>> idle_lists;  // oldest returned first
   size_t list_count = 0;

@@ -1,0 +1,35 @@
+#include "backends/xgmi/lane_picker.h"
+
+#include "base/error.h"
+
+namespace mori_torch {
+namespace xgmi {
+
+LanePicker::LanePicker(size_t lanes) : n_(lanes), in_flight_(new std::atomic<int>[lanes]) {
+  if (lanes == 0) throw Error(StatusCode::ERR_INVALID_ARGS, "LanePicker: a pool of 0 lanes");
+  for (size_t i = 0; i < n_; ++i) in_flight_[i].store(0, std::memory_order_relaxed);
+}
+
+size_t LanePicker::Take() {
+  const size_t last = last_.load(std::memory_order_relaxed);
+  // Taken only if it was idle: of two transfers racing for it, one goes on.
+  if (in_flight_[last].fetch_add(1, std::memory_order_acq_rel) == 0) return last;
+  in_flight_[last].fetch_sub(1, std::memory_order_acq_rel);
+  const size_t start = next_.fetch_add(1, std::memory_order_relaxed);
+  size_t pick = start % n_;
+  for (size_t k = 0; k < n_; ++k) {
+    const size_t i = (start + k) % n_;
+    if (in_flight_[i].load(std::memory_order_relaxed) == 0) {
+      pick = i;
+      break;
+    }
+  }
+  in_flight_[pick].fetch_add(1, std::memory_order_acq_rel);
+  last_.store(pick, std::memory_order_relaxed);
+  return pick;
+}
+
+void LanePicker::Release(size_t lane) { in_flight_[lane].fetch_sub(1, std::memory_order_acq_rel); }
+
+}  // namespace xgmi
+}  // namespace mori_torch
