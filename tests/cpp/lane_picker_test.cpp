@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
 #include <thread>
 #include <vector>
@@ -79,6 +80,28 @@ TEST(LanePickerTest, CountsBalanceUnderThreads) {
   }
   for (auto& t : threads) t.join();
   for (size_t lane = 0; lane < 4; ++lane) EXPECT_EQ(p.InFlight(lane), 0) << "lane " << lane;
+}
+
+TEST(LanePickerTest, ThreadsTakingAtOnceNeverShareALaneWhileOneIsIdle) {
+  constexpr int kThreads = 6;
+  LanePicker p(8);
+  std::atomic<int> arrived{0};
+  std::vector<size_t> got(kThreads);
+  for (int round = 0; round < 300; ++round) {
+    arrived = 0;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        got[t] = p.Take();
+        arrived.fetch_add(1);
+        while (arrived.load() < kThreads) std::this_thread::yield();  // all hold theirs at once
+      });
+    }
+    for (auto& t : threads) t.join();
+    const std::set<size_t> distinct(got.begin(), got.end());
+    ASSERT_EQ(distinct.size(), static_cast<size_t>(kThreads)) << "round " << round;
+    for (size_t lane : got) p.Release(lane);
+  }
 }
 
 TEST(LanePickerTest, NoLanesIsRefused) { EXPECT_THROW(LanePicker(0), Error); }

@@ -10,21 +10,25 @@ LanePicker::LanePicker(size_t lanes) : n_(lanes), in_flight_(new std::atomic<int
   for (size_t i = 0; i < n_; ++i) in_flight_[i].store(0, std::memory_order_relaxed);
 }
 
+bool LanePicker::TakeIfIdle(size_t lane) {
+  int idle = 0;
+  return in_flight_[lane].compare_exchange_strong(idle, 1, std::memory_order_acq_rel);
+}
+
 size_t LanePicker::Take() {
+  // Idle lanes are taken in one step (0 -> 1): of two transfers racing for
+  // one, the other looks further.
   const size_t last = last_.load(std::memory_order_relaxed);
-  // Taken only if it was idle: of two transfers racing for it, one goes on.
-  if (in_flight_[last].fetch_add(1, std::memory_order_acq_rel) == 0) return last;
-  in_flight_[last].fetch_sub(1, std::memory_order_acq_rel);
+  if (TakeIfIdle(last)) return last;
   const size_t start = next_.fetch_add(1, std::memory_order_relaxed);
-  size_t pick = start % n_;
-  for (size_t k = 0; k < n_; ++k) {
-    const size_t i = (start + k) % n_;
-    if (in_flight_[i].load(std::memory_order_relaxed) == 0) {
-      pick = i;
-      break;
-    }
+  size_t pick = n_;
+  for (size_t k = 0; k < n_ && pick == n_; ++k) {
+    if (TakeIfIdle((start + k) % n_)) pick = (start + k) % n_;
   }
-  in_flight_[pick].fetch_add(1, std::memory_order_acq_rel);
+  if (pick == n_) {  // all busy: queue behind the start lane
+    pick = start % n_;
+    in_flight_[pick].fetch_add(1, std::memory_order_acq_rel);
+  }
   last_.store(pick, std::memory_order_relaxed);
   return pick;
 }

@@ -2,8 +2,8 @@
 //
 // The lane of the latest transfer again while nothing is in flight on it: a
 // copy starts sooner on the stream that ran the previous one than on another
-// (64 MiB between two processes on one H200: 0.97-0.98 of torch's copy_ on
-// one stream against 0.93-0.96 with each transfer on the next stream, about
+// (64 MiB between two processes on one H200: 0.953-0.964 of torch's copy_
+// this way against 0.905-0.948 with each transfer on the next stream, about
 // 2 us each; docs/BENCHMARK.md). When that lane is busy, an idle one from a
 // rotating start (the next if all are busy), so transfers submitted together
 // still run side by side.
@@ -29,6 +29,8 @@ class LanePicker {
   int InFlight(size_t lane) const { return in_flight_[lane].load(std::memory_order_acquire); }
 
  private:
+  bool TakeIfIdle(size_t lane);
+
   const size_t n_;
   std::unique_ptr<std::atomic<int>[]> in_flight_;
   std::atomic<size_t> last_{0};  // the latest transfer's lane
