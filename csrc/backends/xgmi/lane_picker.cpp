@@ -23,7 +23,8 @@ size_t LanePicker::Take() {
   const size_t start = next_.fetch_add(1, std::memory_order_relaxed);
   size_t pick = n_;
   for (size_t k = 0; k < n_ && pick == n_; ++k) {
-    if (TakeIfIdle((start + k) % n_)) pick = (start + k) % n_;
+    const size_t i = (start + k) % n_;
+    if (TakeIfIdle(i)) pick = i;
   }
   if (pick == n_) {  // all busy: queue behind the start lane
     pick = start % n_;

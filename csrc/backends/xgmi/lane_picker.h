@@ -25,7 +25,6 @@ class LanePicker {
   size_t Take();
   void Release(size_t lane);
 
-  size_t lanes() const { return n_; }
   int InFlight(size_t lane) const { return in_flight_[lane].load(std::memory_order_acquire); }
 
  private:

@@ -462,7 +462,7 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     gpu::RecordEvent(pending->event, lane->stream);
   } catch (const std::exception& e) {
     if (pending && pending->event) ReturnEvent(pending->event, dev);
-    if (pending && pending->picker) pending->picker->Release(pending->lane);  // never shared: no Finish
+    if (pending) pending->Finish();  // frees its lane, if it took one
     // Copies enqueued before the failure may still run: they finish before
     // the statuses end and the local memory is let go.
     if (lane != nullptr) {
@@ -571,8 +571,8 @@ void XgmiBackend::Shutdown() {
       for (const StatusPtr& s : p->statuses) {
         s->Update(StatusCode::ERR_BAD_STATE, "XGMI backend was removed or its engine shut down");
       }
+      p->Finish();
     }
-    if (!p->done) p->Finish();
     p->event = nullptr;  // destroyed with the pools below
     p->uses.clear();
   }
