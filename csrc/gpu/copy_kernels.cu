@@ -12,8 +12,8 @@ namespace mori_torch {
 namespace gpu {
 namespace {
 
-// A group of 64 threads copies one segment, 8 KiB per pass of 16-byte
-// loads (a 4 KiB page: half a pass, all its loads issued before any store).
+// A group of 64 threads copies one segment, 4 KiB per pass of 16-byte
+// loads (a 4 KiB page: one pass, all its loads issued before any store).
 // One group per segment and a block per 4 segments, the hardware block
 // scheduler balancing them: on one H100, 16,384 permuted 16 KiB pages took
 // 194.8 us this way against 202.1 with a device-filling grid of 32-thread
@@ -22,9 +22,14 @@ namespace {
 constexpr uint32_t kGroup = 64;
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kGroupsPerBlock = kThreads / kGroup;
-// 16-byte loads each thread keeps in flight before storing: peer reads over
-// NVLink/XGMI are latency-bound, so bytes in flight decide the bandwidth.
-constexpr uint32_t kUnroll = 8;
+// 16-byte loads each thread keeps in flight before storing. Peer reads over
+// NVLink/XGMI are latency-bound, so bytes in flight decide the bandwidth;
+// with 4 KiB per group and up to 8 blocks an SM there are plenty. 4 rather
+// than 8: on H200 (bench_xgmi.py, one batch at a time, 3 rounds each way)
+// one GPU's 4 KiB pages went from 0.62-0.65 of copy_ to 0.67-0.71, 16 and
+// 64 KiB gained about 0.01, and NVLink between two H200s was unchanged
+// (session 24). On H100 (session 18) 4 did no better than 8; not re-run there.
+constexpr uint32_t kUnroll = 4;
 constexpr int kMaxDevices = 64;
 
 struct InlineSegments {

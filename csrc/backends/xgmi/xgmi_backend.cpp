@@ -163,7 +163,7 @@ void XgmiBackend::ReturnEvent(gpu::Event e, int device) {
 
 uint64_t XgmiBackend::KernelPieceBytes(uint64_t total_bytes, uint32_t resident_groups) {
   // About two pieces per resident group, in whole 4 KiB units (which keeps
-  // 16-byte alignment; a group's pass of loads is 8 KiB).
+  // 16-byte alignment; a group's pass of loads is 4 KiB).
   constexpr uint64_t kUnit = 4096;
   const uint64_t want = total_bytes / (2 * static_cast<uint64_t>(resident_groups > 0 ? resident_groups : 1));
   return std::max(kUnit, (want + kUnit - 1) / kUnit * kUnit);
