@@ -28,9 +28,17 @@ from . import log  # noqa: E402,F401  (native log levels, routing into Python's 
 
 
 def pinned_host_bytes() -> int:
-    """Bytes of host memory mori_torch holds pinned right now (the TCP
-    backend's staging buffers for GPU memory); 0 without GPU support."""
+    """Bytes of host memory mori_torch's engines hold pinned right now (the
+    TCP backend's staging buffers for GPU memory, the XGMI backend's kernel
+    lists); 0 without GPU support. They are let go when the engines shut down."""
     return torch.classes.mori.Engine.pinned_host_bytes()
+
+
+def pinned_segment_list_bytes() -> int:
+    """Bytes of host memory pinned for transfers' segment lists, which the
+    XGMI copy kernel reads where they were built (a process-wide cache,
+    kept once an XGMI backend has existed; at most 64 MiB)."""
+    return torch.classes.mori.Engine.pinned_segment_list_bytes()
 
 
 def install_mori_alias() -> None:

@@ -2,15 +2,79 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 #include "base/sanitizers.h"
 #include "core/work_crew.h"
 
 namespace mori_torch {
 
-uint64_t TotalBytes(const std::vector<Segment>& segs) {
+namespace {
+
+std::atomic<SegmentMemory*> g_segment_memory{nullptr};
+
+// Every list block starts with this header (a cache line, so entries stay
+// 64-byte aligned): where the block came from and how to free it.
+struct alignas(64) BlockHeader {
+  SegmentMemory* owner;  // null: the heap
+  uint64_t device_view;  // of the block, 0 on the heap
+  size_t bytes;          // of the block, header included
+};
+
+BlockHeader* HeaderOf(const void* p) {
+  return reinterpret_cast<BlockHeader*>(const_cast<char*>(static_cast<const char*>(p)) - sizeof(BlockHeader));
+}
+
+}  // namespace
+
+void UseSegmentMemory(SegmentMemory* memory) { g_segment_memory.store(memory); }
+
+namespace segment_alloc {
+
+void* Allocate(size_t bytes) {
+  if (bytes > SIZE_MAX - sizeof(BlockHeader)) throw std::bad_alloc();
+  const size_t total = bytes + sizeof(BlockHeader);
+  SegmentMemory* owner = g_segment_memory.load();
+  uint64_t view = 0;
+  void* block = owner ? owner->Allocate(total, &view) : nullptr;
+  if (!block) {
+    owner = nullptr;
+    view = 0;
+    block = ::operator new(total, std::align_val_t{alignof(BlockHeader)});
+  }
+  auto* h = new (block) BlockHeader{owner, view, total};
+  return h + 1;
+}
+
+void Free(void* p) {
+  if (!p) return;
+  BlockHeader* h = HeaderOf(p);
+  SegmentMemory* owner = h->owner;
+  const size_t bytes = h->bytes;
+  const uint64_t view = h->device_view;
+  h->~BlockHeader();
+  if (owner) {
+    owner->Free(h, bytes, view);
+  } else {
+    ::operator delete(static_cast<void*>(h), std::align_val_t{alignof(BlockHeader)});
+  }
+}
+
+uint64_t DeviceView(const void* p) {
+  const BlockHeader* h = HeaderOf(p);
+  return h->device_view == 0 ? 0 : h->device_view + sizeof(BlockHeader);
+}
+
+}  // namespace segment_alloc
+
+bool InCurrentSegmentMemory(const SegmentVector& segs) {
+  return segs.capacity() == 0 || HeaderOf(segs.data())->owner == g_segment_memory.load();
+}
+
+uint64_t TotalBytes(SegmentSpan segs) {
   uint64_t t = 0;
   for (const auto& s : segs) t += s.size;
   return t;
@@ -54,15 +118,14 @@ size_t MergeRange(Segment* v, size_t n, uint64_t* largest) {
 
 }  // namespace
 
-uint64_t MergeContiguousInPlace(std::vector<Segment>* segs) {
-  Segment* v = segs->data();
+size_t MergeContiguousInPlace(Segment* v, size_t n, uint64_t* largest_out) {
   // A long list merges in ranges on the WorkCrew (one thread: about 2.5 ns
   // per entry once the first merge is found, 40 us for 16,384 entries on an
   // H200 host), then each range's kept run is joined to the one before:
   // merging is associative, so the result is the one-pass one.
   std::array<size_t, WorkCrew::kMaxRanges> kept, first;
   std::array<uint64_t, WorkCrew::kMaxRanges> big;
-  const size_t ranges = WorkCrew::ForRanges(segs->size(), [&](size_t r, size_t begin, size_t end) {
+  const size_t ranges = WorkCrew::ForRanges(n, [&](size_t r, size_t begin, size_t end) {
     first[r] = begin;
     kept[r] = MergeRange(v + begin, end - begin, &big[r]);
   });
@@ -81,8 +144,8 @@ uint64_t MergeContiguousInPlace(std::vector<Segment>* segs) {
     end += k;
     largest = std::max(largest, big[r]);
   }
-  segs->resize(end);
-  return largest;
+  *largest_out = largest;
+  return end;
 }
 
 namespace {
@@ -100,6 +163,9 @@ class BatchPool {
     if (free_.empty()) return std::make_unique<SegmentBatch>();
     std::unique_ptr<SegmentBatch> b = std::move(free_.back());
     free_.pop_back();
+    // A list from before a SegmentMemory was installed (or changed) lets
+    // its memory go: the next build allocates where the backends want it.
+    if (!InCurrentSegmentMemory(b->segs)) SegmentVector().swap(b->segs);
     return b;
   }
   void Give(SegmentBatch* b) {
@@ -129,13 +195,13 @@ std::shared_ptr<SegmentBatch> NewSegmentBatch() {
   return std::shared_ptr<SegmentBatch>(b.release(), [](SegmentBatch* p) { pool->Give(p); });
 }
 
-size_t CopyBackToBack(const std::vector<const std::vector<Segment>*>& lists, void* out) {
+size_t CopyBackToBack(const std::vector<SegmentSpan>& lists, void* out) {
   std::vector<size_t> starts;  // list k's first entry in `out`
   starts.reserve(lists.size());
   size_t total = 0;
-  for (const std::vector<Segment>* l : lists) {
+  for (const SegmentSpan& l : lists) {
     starts.push_back(total);
-    total += l->size();
+    total += l.size();
   }
   auto* const to = static_cast<Segment*>(out);
   WorkCrew::ForRanges(total, [&](size_t, size_t begin, size_t end) {
@@ -143,23 +209,23 @@ size_t CopyBackToBack(const std::vector<const std::vector<Segment>*>& lists, voi
     size_t k = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
     for (; begin < end; ++k) {
       const size_t from = begin - starts[k];
-      const size_t n = std::min(end - begin, lists[k]->size() - from);
-      if (n > 0) std::memcpy(static_cast<void*>(to + begin), lists[k]->data() + from, n * sizeof(Segment));
+      const size_t n = std::min(end - begin, lists[k].size() - from);
+      if (n > 0) std::memcpy(static_cast<void*>(to + begin), lists[k].data() + from, n * sizeof(Segment));
       begin += n;
     }
   });
   return total;
 }
 
-std::vector<Segment> MergeContiguous(const std::vector<Segment>& segs) {
-  std::vector<Segment> out = segs;
+std::vector<Segment> MergeContiguous(SegmentSpan segs) {
+  std::vector<Segment> out(segs.begin(), segs.end());
   MergeContiguousInPlace(&out);
   return out;
 }
 
-std::vector<std::vector<Segment>> SplitIntoStripes(const std::vector<Segment>& segs, uint64_t total, size_t parts) {
+std::vector<std::vector<Segment>> SplitIntoStripes(SegmentSpan segs, uint64_t total, size_t parts) {
   parts = std::max<size_t>(1, parts);
-  if (parts == 1 || total == 0) return {segs};
+  if (parts == 1 || total == 0) return {std::vector<Segment>(segs.begin(), segs.end())};
   const uint64_t per = (total + parts - 1) / parts;
   std::vector<std::vector<Segment>> out(1);
   uint64_t room = per;

@@ -25,10 +25,11 @@ namespace mori_torch {
 namespace gpu {
 
 namespace {
-std::atomic<uint64_t> g_pinned_bytes{0};
+std::atomic<uint64_t> g_pinned_bytes[2];
+std::atomic<uint64_t>& PinnedCounter(PinnedUse use) { return g_pinned_bytes[use == PinnedUse::kBuffers ? 0 : 1]; }
 }  // namespace
 
-uint64_t PinnedBytes() { return g_pinned_bytes.load(std::memory_order_relaxed); }
+uint64_t PinnedBytes(PinnedUse use) { return PinnedCounter(use).load(std::memory_order_relaxed); }
 
 #if MORI_WITH_GPU
 namespace {
@@ -258,7 +259,7 @@ DeviceScope::~DeviceScope() {
   if (prev_ != device_) (void)gpuSetDevice(prev_);  // restoring a device that was current cannot fail
 }
 
-void* PinnedAlloc(size_t bytes, int numa_node) {
+void* PinnedAlloc(size_t bytes, int numa_node, PinnedUse use) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw Error(StatusCode::ERR_GPU_OP, "mmap of " + std::to_string(bytes) + " bytes failed");
   if (numa_node >= 0 && numa_node < 64) {
@@ -275,7 +276,7 @@ void* PinnedAlloc(size_t bytes, int numa_node) {
     munmap(p, bytes);  // nothing pinned stays behind
     Check(e, "HostRegister");
   }
-  g_pinned_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  PinnedCounter(use).fetch_add(bytes, std::memory_order_relaxed);
   return p;
 }
 
@@ -285,11 +286,11 @@ uint64_t DevicePointerOfPinned(void* p) {
   return reinterpret_cast<uint64_t>(d);
 }
 
-void PinnedFree(void* p, size_t bytes) {
+void PinnedFree(void* p, size_t bytes, PinnedUse use) {
   if (!p) return;
   (void)gpuHostUnregister(p);
   munmap(p, bytes);
-  g_pinned_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  PinnedCounter(use).fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 namespace {
@@ -372,8 +373,8 @@ void LaunchInlineSegmentCopy(const CopySegment*, uint32_t, Stream) { NoGpu("Laun
 uint32_t SegmentCopyResidentGroups(int) { return 1; }
 void WarmUpKernels(int) {}
 int DmaBufFdOf(uint64_t, uint64_t, uint64_t*) { NoGpu("DmaBufFdOf"); }
-void* PinnedAlloc(size_t, int) { NoGpu("PinnedAlloc"); }
-void PinnedFree(void*, size_t) {}
+void* PinnedAlloc(size_t, int, PinnedUse) { NoGpu("PinnedAlloc"); }
+void PinnedFree(void*, size_t, PinnedUse) {}
 uint64_t DevicePointerOfPinned(void*) { NoGpu("DevicePointerOfPinned"); }
 void EnablePeerAccess(int, int) { NoGpu("EnablePeerAccess"); }
 void SetDevice(int) { NoGpu("SetDevice"); }

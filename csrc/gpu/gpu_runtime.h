@@ -107,14 +107,17 @@ uint32_t SegmentCopyResidentGroups(int device);
 // while a stream waits on host memory can deadlock (docs/GPU_FACTS.md).
 void WarmUpKernels(int device);
 
+// What pinned memory is for, counted apart: buffers belong to an engine and
+// go with it; segment lists are a process-wide cache (pinned_segment_memory.h).
+enum class PinnedUse { kBuffers, kSegmentLists };
 // Page-locked host memory from anonymous mmap + host registration (not
 // cudaHostAlloc); released safely if registration fails.
-void* PinnedAlloc(size_t bytes, int numa_node);
-void PinnedFree(void* p, size_t bytes);
+void* PinnedAlloc(size_t bytes, int numa_node, PinnedUse use = PinnedUse::kBuffers);
+void PinnedFree(void* p, size_t bytes, PinnedUse use = PinnedUse::kBuffers);
 // The address through which kernels reach PinnedAlloc memory at `p`.
 uint64_t DevicePointerOfPinned(void* p);
-// Bytes of host memory PinnedAlloc holds pinned now (leak checks, diagnostics).
-uint64_t PinnedBytes();
+// Bytes of host memory PinnedAlloc holds pinned now for `use` (leak checks, diagnostics).
+uint64_t PinnedBytes(PinnedUse use = PinnedUse::kBuffers);
 
 // NUMA node of `device`'s PCI function (sysfs), -1 when unknown.
 int NumaNodeOf(int device);

@@ -369,6 +369,8 @@ TORCH_LIBRARY(mori, m) {
       // mori_torch.io.IOEngine.stats() parses them into a dict).
       .def("stats_json", [](const EngineRef& self) { return self->e->StatsJson(); })
       .def_static("pinned_host_bytes", []() { return static_cast<int64_t>(gpu::PinnedBytes()); })
+      .def_static("pinned_segment_list_bytes",
+                  []() { return static_cast<int64_t>(gpu::PinnedBytes(gpu::PinnedUse::kSegmentLists)); })
       .def_static("flush_log", [](int64_t timeout_ms) { return FlushLog(static_cast<int>(timeout_ms)); })
       .def_static("set_log_level",
                   [](const std::string& level) {

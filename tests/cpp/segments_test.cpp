@@ -54,7 +54,7 @@ TEST(MergeContiguousTest, DropsZeroSizesAndKeepsOrder) {
   const std::vector<Segment> want = {{40, 0, 20}, {0, 20, 15}};
   EXPECT_EQ(MergeContiguous(in), want);
   EXPECT_TRUE(MergeContiguous({}).empty());
-  EXPECT_TRUE(MergeContiguous({{1, 2, 0}, {3, 4, 0}}).empty());
+  EXPECT_TRUE(MergeContiguous(std::vector<Segment>{{1, 2, 0}, {3, 4, 0}}).empty());
 }
 
 TEST(MergeContiguousTest, DoesNotMergeBackwardsOrOverlapping) {
@@ -162,14 +162,14 @@ TEST(CopyBackToBackTest, ConcatenatesAcrossRangesAndEmptyLists) {
       {100, 100, 100},  {20000, 13, 0, 30000}};
   for (const std::vector<size_t>& shape : shapes) {
     std::vector<std::vector<Segment>> owned;
-    std::vector<const std::vector<Segment>*> lists;
+    std::vector<SegmentSpan> lists;
     std::vector<Segment> want;
     for (size_t n : shape) {
       owned.emplace_back();
       for (size_t i = 0; i < n; ++i) owned.back().push_back({rng(), rng(), rng()});
       want.insert(want.end(), owned.back().begin(), owned.back().end());
     }
-    for (const auto& l : owned) lists.push_back(&l);
+    for (const auto& l : owned) lists.push_back(l);
     std::vector<Segment> got(want.size() + 1, Segment{7, 7, 7});  // one past the end: must stay untouched
     ASSERT_EQ(CopyBackToBack(lists, got.data()), want.size());
     ASSERT_EQ(got.back(), (Segment{7, 7, 7})) << "wrote past the end";
@@ -274,6 +274,121 @@ TEST(SplitIntoStripesTest, RandomizedProperties) {
       return;
     }
   }
+}
+
+}  // namespace
+}  // namespace mori_torch
+
+namespace mori_torch {
+namespace {
+
+// A SegmentMemory on the heap that records what it is asked, with a device
+// view a fixed distance from the host address (as a mapping would give).
+class CountingMemory final : public SegmentMemory {
+ public:
+  static constexpr uint64_t kViewOffset = uint64_t{1} << 44;
+  void* Allocate(size_t bytes, uint64_t* device_view) override {
+    if (refuse) return nullptr;
+    void* p = ::operator new(bytes, std::align_val_t{64});  // as aligned as a page-aligned block, for the check below
+    *device_view = reinterpret_cast<uint64_t>(p) + kViewOffset;
+    ++allocated;
+    live_bytes += bytes;
+    return p;
+  }
+  void Free(void* block, size_t bytes, uint64_t device_view) override {
+    EXPECT_EQ(device_view, reinterpret_cast<uint64_t>(block) + kViewOffset) << "freed with another block's view";
+    ++freed;
+    live_bytes -= bytes;
+    ::operator delete(block, std::align_val_t{64});
+  }
+  bool refuse = false;
+  int allocated = 0;
+  int freed = 0;
+  int64_t live_bytes = 0;
+};
+
+class SegmentMemoryTest : public ::testing::Test {
+ protected:
+  void TearDown() override { UseSegmentMemory(nullptr); }
+};
+
+TEST_F(SegmentMemoryTest, ListsLiveInTheInstalledMemoryWithItsDeviceView) {
+  CountingMemory mem;
+  {
+    SegmentVector heap(100);
+    EXPECT_EQ(DeviceViewOf(heap), 0u) << "a heap list has no device view";
+    UseSegmentMemory(&mem);
+    SegmentVector v(1000);
+    ASSERT_EQ(mem.allocated, 1);
+    EXPECT_GE(mem.live_bytes, static_cast<int64_t>(1000 * sizeof(Segment)));
+    EXPECT_EQ(DeviceViewOf(v), reinterpret_cast<uint64_t>(v.data()) + CountingMemory::kViewOffset);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u) << "entries start on a cache line";
+    for (size_t i = 0; i < v.size(); ++i) v[i] = {i, 2 * i, 3 * i};  // the whole room is usable
+    v.resize(5000);                                                  // grows: a new block, the old one given back
+    EXPECT_EQ(mem.allocated, 2);
+    EXPECT_EQ(mem.freed, 1);
+    EXPECT_EQ(v[999].remote_off, 1998u);
+    EXPECT_TRUE(InCurrentSegmentMemory(v));
+    EXPECT_FALSE(InCurrentSegmentMemory(heap));
+  }
+  EXPECT_EQ(mem.freed, 2);
+  EXPECT_EQ(mem.live_bytes, 0);
+}
+
+TEST_F(SegmentMemoryTest, ARefusalLeavesTheListOnTheHeap) {
+  CountingMemory mem;
+  mem.refuse = true;
+  UseSegmentMemory(&mem);
+  SegmentVector v(64);
+  EXPECT_EQ(DeviceViewOf(v), 0u);
+  EXPECT_EQ(mem.allocated, 0);
+  v.clear();
+  v.shrink_to_fit();
+  EXPECT_EQ(mem.freed, 0) << "a heap block went to the memory that refused it";
+}
+
+TEST_F(SegmentMemoryTest, AListIsFreedWhereItCameFromAfterTheMemoryChanged) {
+  CountingMemory first, second;
+  UseSegmentMemory(&first);
+  auto a = std::make_unique<SegmentVector>(10);
+  UseSegmentMemory(&second);
+  auto b = std::make_unique<SegmentVector>(10);
+  EXPECT_FALSE(InCurrentSegmentMemory(*a));
+  UseSegmentMemory(nullptr);
+  auto c = std::make_unique<SegmentVector>(10);
+  EXPECT_EQ(DeviceViewOf(*c), 0u);
+  a.reset();
+  b.reset();
+  c.reset();
+  EXPECT_EQ(first.freed, 1);
+  EXPECT_EQ(second.freed, 1);
+  EXPECT_EQ(first.live_bytes + second.live_bytes, 0);
+}
+
+TEST_F(SegmentMemoryTest, PooledBatchesMoveToTheInstalledMemory) {
+  if (!SegmentBatchesPooled()) GTEST_SKIP() << "sanitizer builds pool no batches";
+  {
+    std::vector<std::shared_ptr<SegmentBatch>> before;
+    for (int i = 0; i < 8; ++i) {
+      before.push_back(NewSegmentBatch());
+      before.back()->segs.resize(256);
+    }
+  }  // back in the pool, on the heap
+  CountingMemory mem;
+  UseSegmentMemory(&mem);
+  std::vector<std::shared_ptr<SegmentBatch>> after;
+  for (int i = 0; i < 8; ++i) {
+    after.push_back(NewSegmentBatch());
+    EXPECT_TRUE(InCurrentSegmentMemory(after.back()->segs)) << "batch " << i << " kept its heap list";
+    after.back()->segs.resize(256);
+    EXPECT_NE(DeviceViewOf(after.back()->segs), 0u);
+  }
+  EXPECT_EQ(mem.allocated, 8);
+  UseSegmentMemory(nullptr);
+  after.clear();  // pooled, still in `mem` (alive: they are freed there later)
+  for (int i = 0; i < 8; ++i) after.push_back(NewSegmentBatch());
+  after.clear();
+  EXPECT_EQ(mem.freed, 8) << "re-homed to the heap on their next use";
 }
 
 }  // namespace

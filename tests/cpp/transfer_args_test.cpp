@@ -210,7 +210,7 @@ TEST(BuildSegmentsTest, LongListsFindTheirOneBadSegmentAnywhere) {
   EXPECT_EQ(out.max_bytes, 4096u * n);
 }
 
-bool SameSegments(const std::vector<Segment>& a, const std::vector<Segment>& b) {
+bool SameSegments(SegmentSpan a, SegmentSpan b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].local_off != b[i].local_off || a[i].remote_off != b[i].remote_off || a[i].size != b[i].size) return false;

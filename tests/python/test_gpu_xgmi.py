@@ -313,17 +313,30 @@ def test_one_lane_reused_while_batches_run():
     (which reads the list) before reusing (and growing) the lane's lists: submit batches
     of growing size back to back, wait at the end, check every byte."""
     a, b, local, remote, ld, rd = _pair_with("same-device", num_streams=1, **KERNEL_ALWAYS)
-    local.copy_(rand_bytes(local.numel(), local.device, 5))
+    sess, dest = _random_source(a, local, ld, rd, seg=128, seed=5)
+    _write_back_to_back(sess, local, remote, 128, dest, (700, 3000, 1500, 9000, 20000, 2000), seed=0)
+    a.shutdown()
+    b.shutdown()
+
+
+def _random_source(a, local, ld, rd, seg, seed):
+    """Random bytes in `local`, a session a -> rd, and the remote pages of
+    `seg` bytes in a random order (destinations to use once each)."""
+    local.copy_(rand_bytes(local.numel(), local.device, seed))
     settle()
-    sess = a.create_session(ld, rd)
-    seg = 128
-    pages = (8 << 20) // seg
-    perm = torch.randperm(pages, generator=torch.Generator().manual_seed(9))
-    statuses, start = [], 0
-    plan = []
-    for count in (700, 3000, 1500, 9000, 20000, 2000):
-        rp = perm[start:start + count]
-        lp = torch.randperm(pages, generator=torch.Generator().manual_seed(count))[:count]
+    pages = local.numel() // seg
+    return a.create_session(ld, rd), torch.randperm(pages, generator=torch.Generator().manual_seed(seed))
+
+
+def _write_back_to_back(sess, local, remote, seg, dest, counts, seed):
+    """Session batch writes of `counts` random local pages each to the next
+    unused pages of `dest`, all submitted before any is waited for; checks
+    every page. Returns how many pages of `dest` were used."""
+    pages = local.numel() // seg
+    statuses, plan, start = [], [], 0
+    for count in counts:
+        rp = dest[start:start + count]
+        lp = torch.randperm(pages, generator=torch.Generator().manual_seed(seed + count + start))[:count]
         statuses.append(sess.batch_write(lp * seg, rp * seg, torch.full((count,), seg), sess.allocate_transfer_uid()))
         plan.append((lp, rp))
         start += count
@@ -331,6 +344,25 @@ def test_one_lane_reused_while_batches_run():
         wait_ok(st)
     for lp, rp in plan:
         _check_pages(local, remote, lp, rp, seg)
+    return start
+
+
+@pytest.mark.parametrize("where", ["same-device", "cross-device"])
+def test_batches_in_flight_keep_the_lists_the_kernel_reads(where):
+    """A session's batch list is built in pinned, device-mapped memory and
+    the kernel reads it there: many batches submitted back to back (more
+    than the pooled lists and the lanes), each to its own destination pages,
+    must each copy what their own list said, whatever was built after them.
+    A list too long for the pinned cache (180,000 entries, over 4 MiB) takes
+    the copied path; its bytes must be right too."""
+    import mori_torch
+
+    a, b, local, remote, ld, rd = _pair_with(where, **KERNEL_ALWAYS)
+    seg = 32
+    sess, dest = _random_source(a, local, ld, rd, seg, seed=11)
+    used = _write_back_to_back(sess, local, remote, seg, dest, [2048 + 512 * (i % 5) for i in range(24)], seed=100)
+    assert mori_torch.pinned_segment_list_bytes() > 0, "session batches were not built in pinned memory"
+    _write_back_to_back(sess, local, remote, seg, dest[used:], [180_000], seed=7)  # 4.3 MB of entries
     a.shutdown()
     b.shutdown()
 

@@ -29,7 +29,7 @@ struct Piece {
   uint32_t size;
 };
 
-void AppendPieces(const std::vector<Segment>& segs, uint64_t max_piece, std::vector<Piece>* out) {
+void AppendPieces(SegmentSpan segs, uint64_t max_piece, std::vector<Piece>* out) {
   for (const Segment& s : segs) {
     for (uint64_t done = 0; done < s.size;) {
       const uint64_t n = std::min(max_piece, s.size - done);
@@ -39,7 +39,7 @@ void AppendPieces(const std::vector<Segment>& segs, uint64_t max_piece, std::vec
   }
 }
 
-bool SortedByRemote(const std::vector<Segment>& segs) {
+bool SortedByRemote(SegmentSpan segs) {
   for (size_t i = 1; i < segs.size(); ++i) {
     if (segs[i].remote_off < segs[i - 1].remote_off) return false;
   }
@@ -248,13 +248,13 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   // Sorted into a copy where needed: the shared list stays as built for
   // later attempts.
   std::vector<Segment> scratch;
-  const std::vector<Segment>* segs = &op.segs->segs;
-  if (!SortedByRemote(op.segs->segs)) {
-    scratch = op.segs->segs;
+  SegmentSpan segs = op.segs->segs;
+  if (!SortedByRemote(segs)) {
+    scratch.assign(segs.begin(), segs.end());
     std::sort(scratch.begin(), scratch.end(),
               [](const Segment& a, const Segment& b) { return a.remote_off < b.remote_off; });
     MergeContiguousInPlace(&scratch);
-    segs = &scratch;
+    segs = scratch;
   }
   const uint64_t total = op.segs->total_bytes;
   if (total == 0) {
@@ -268,7 +268,7 @@ void RdmaPeer::Post(Conn& c, TransferOp& op) {
   }
   const size_t nqp = c.qps.size();
   const size_t nstripes = std::max<size_t>(1, std::min<uint64_t>(nqp, total / kMinStripeBytes));
-  auto stripes = SplitIntoStripes(*segs, total, nstripes);
+  auto stripes = SplitIntoStripes(segs, total, nstripes);
   const size_t first_qp = c.next_qp.fetch_add(1) % nqp;
 
   struct Plan {

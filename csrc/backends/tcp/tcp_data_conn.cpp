@@ -27,7 +27,7 @@ constexpr uint64_t kMaxBytesPerSend = 8u << 20;
 
 }  // namespace
 
-void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side, std::vector<iovec>* iov) {
+void AppendIovecs(char* base, SegmentSpan segs, bool local_side, std::vector<iovec>* iov) {
   for (const auto& s : segs) {
     if (s.size == 0) continue;
     char* p = base + (local_side ? s.local_off : s.remote_off);

@@ -235,7 +235,7 @@ inline bool OnGpu(const MemoryDesc& m) { return m.loc == MemoryLocationType::GPU
 
 // Appends iovecs covering `segs` of memory at `base`, merging neighbours
 // that are adjacent in memory (whatever their other side).
-void AppendIovecs(char* base, const std::vector<Segment>& segs, bool local_side, std::vector<iovec>* iov);
+void AppendIovecs(char* base, SegmentSpan segs, bool local_side, std::vector<iovec>* iov);
 // Appends the zero padding that follows `n` bytes of a message (see tcp_protocol.h).
 void AppendPadding(uint64_t n, std::vector<iovec>* iov);
 

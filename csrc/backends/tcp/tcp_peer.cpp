@@ -146,7 +146,7 @@ std::shared_ptr<DataConn> TcpPeer::Conn(size_t i, std::string* err) {
 }
 
 void TcpPeer::Submit(TransferOp op) {
-  const std::vector<Segment>& segs = op.segs->segs;
+  const SegmentSpan segs = op.segs->segs;
   const uint64_t total = op.segs->total_bytes;
   const auto nconns = static_cast<uint64_t>(cfg_.num_data_conns);
   const auto threshold = static_cast<uint64_t>(cfg_.striping_threshold_bytes);

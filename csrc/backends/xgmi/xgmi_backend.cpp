@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "backends/xgmi/pinned_segment_lists.h"
 #include "base/config_table.h"
 #include "core/local_engines.h"
 #include "core/logging.h"
@@ -39,7 +40,8 @@ struct PendingCopy {
   int device = -1;
   bool done = false;
   std::vector<MemoryUse> uses;
-  LanePicker* picker = nullptr;  // the lane taken for the copies, until done
+  std::vector<SharedSegments> lists;  // read in place by the kernel, until done
+  LanePicker* picker = nullptr;       // the lane taken for the copies, until done
   size_t lane = 0;
 
   // Under mu, once: the copies ran (or never will), so the lane is free.
@@ -72,6 +74,8 @@ XgmiBackend::XgmiBackend(const XgmiConfig& cfg, const BackendContext& ctx) : cfg
     throw Error(StatusCode::ERR_BAD_STATE, gpu::Compiled() ? "create_backend(XGMI): no GPU is visible"
                                                            : "create_backend(XGMI): this build has no GPU support");
   }
+  // From now on batches are built where the copy kernel can read them.
+  UsePinnedSegmentLists();
   ownership_ = FindService<MemoryOwnership>(ctx_);
   if (!ownership_) throw Error(StatusCode::ERR_BAD_STATE, "create_backend(XGMI): the engine has no memory ownership");
   ownership_->SetRevoker(
@@ -230,7 +234,7 @@ void XgmiBackend::FreeList(SegmentList& list, int device) {
   if (list.consumed) gpu::DestroyEvent(list.consumed, device);
 }
 
-void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
+bool XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
                                 size_t segments, uint64_t total) {
   const uint64_t piece = KernelPieceBytes(total, dc.resident_groups);
   // Few pieces travel in the launch parameters: no list upload at all.
@@ -239,7 +243,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     uint32_t n = 0;
     bool fits = true;
     for (const CopySource& src : sources) {
-      for (const Segment& s : *src.segs) {
+      for (const Segment& s : src.segs) {
         const uint64_t d = src.Dst(s), r = src.Src(s);
         for (uint64_t off = 0; off < s.size && fits; off += piece) {
           if (n == gpu::kInlineSegments)
@@ -251,14 +255,12 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     }
     if (fits) {
       gpu::LaunchInlineSegmentCopy(inl, n, lane.stream);
-      return;
+      return false;
     }
   }
-  std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
   // Transfers whose segments need no cutting (up to kMaxBaseSets of them)
   // go up as the engine validated them: offsets, to which the kernel adds
-  // each transfer's two bases. Their lists are copied as they are, not
-  // rewritten entry by entry.
+  // each transfer's two bases.
   static_assert(sizeof(Segment) == sizeof(gpu::CopySegment) && offsetof(Segment, local_off) == 0 &&
                     offsetof(Segment, remote_off) == 8 && offsetof(Segment, size) == 16,
                 "a Segment is uploaded as a CopySegment of offsets");
@@ -273,9 +275,21 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
       bases.dst_base[k] = src.dst_base;
       bases.src_base[k] = src.src_base;
       if (!src.is_read) bases.swap |= 1u << k;
-      first += src.segs->size();
+      first += src.segs.size();
     }
   }
+  // One transfer's list built in device-mapped memory (a session's batch)
+  // is read where it is: no list to take and fill, which cost a 16,384-page
+  // batch 8-10 us of its ~180 before the kernel started (one H200).
+  if (as_offsets && sources.size() == 1 && sources[0].device_view != 0) {
+    gpu::LaunchSegmentCopy(reinterpret_cast<const gpu::CopySegment*>(sources[0].device_view), segments, lane.stream,
+                           bases);
+    return true;
+  }
+  // Otherwise the sources' lists are copied, back to back, into one of the
+  // backend's pinned lists (offsets as they are, not rewritten entry by
+  // entry), or cut into pieces there.
+  std::unique_ptr<SegmentList> list = TakeList(dc, segments + total / piece + 1);
   // The whole list is written, then one launch copies it: a launch per
   // chunk, to start the GPU sooner, cost more at each kernel boundary than
   // it saved (one H100, 16,384 permuted 16 KiB pages, host time from the
@@ -287,13 +301,13 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     if (as_offsets) {
       // The sources' lists back to back, copied in ranges on the submit
       // helpers: 16,384 entries are 384 KiB, 10.5 us on one core.
-      std::vector<const std::vector<Segment>*> lists;
+      std::vector<SegmentSpan> lists;
       lists.reserve(sources.size());
       for (const CopySource& src : sources) lists.push_back(src.segs);
       written = CopyBackToBack(lists, host);
     } else {
       for (const CopySource& src : sources) {
-        for (const Segment& s : *src.segs) {
+        for (const Segment& s : src.segs) {
           const uint64_t d = src.Dst(s), r = src.Src(s);
           for (uint64_t off = 0; off < s.size; off += piece) {
             host[written++] = {d + off, r + off, std::min(piece, s.size - off)};
@@ -314,6 +328,7 @@ void XgmiBackend::EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, co
     throw;
   }
   ReturnList(dc, std::move(list));
+  return false;
 }
 
 void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
@@ -379,13 +394,14 @@ void XgmiBackend::RunOnDevice(std::vector<Located> ops) {
                           "local memory " + std::to_string(op.local->desc.id) + " was deregistered");
         continue;
       }
-      const std::vector<Segment>& segs = op.segs->segs;
+      const SegmentVector& segs = op.segs->segs;
       const uint64_t local_base = op.local->desc.data, remote_base = ops[handed].remote_base;
       Prepared p{op.status,
                  std::move(use),
-                 {&segs, op.is_read ? local_base : remote_base, op.is_read ? remote_base : local_base, op.is_read,
-                  op.segs->max_bytes},
-                 op.segs->total_bytes};
+                 {segs, DeviceViewOf(segs), op.is_read ? local_base : remote_base,
+                  op.is_read ? remote_base : local_base, op.is_read, op.segs->max_bytes},
+                 op.segs->total_bytes,
+                 op.segs};
       // Transfers of small segments (the kernel's kind) are gathered: if
       // together they are enough for the kernel, they share one launch and
       // one completion (eight one-page pairs: one launch, not eight copies
@@ -440,7 +456,7 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
       pending->statuses.push_back(p.status);
       pending->uses.push_back(std::move(p.use));
       sources.push_back(p.source);
-      segments += p.source.segs->size();
+      segments += p.source.segs.size();
       total += p.bytes;
     }
     DeviceContext& dc = Device(dev);
@@ -450,10 +466,12 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     std::lock_guard<std::mutex> lk(lane->mu);
     gpu::DeviceScope on_device(dev);  // restores the caller's device: torch reads it
     if (KernelSuits(segments, total)) {
-      EnqueueKernel(dc, *lane, sources, segments, total);
+      if (EnqueueKernel(dc, *lane, sources, segments, total)) {
+        for (Prepared& p : batch) pending->lists.push_back(std::move(p.list));
+      }
     } else {
       for (const CopySource& src : sources) {
-        for (const Segment& s : *src.segs) {
+        for (const Segment& s : src.segs) {
           gpu::CopyAsync(src.Dst(s), src.Src(s), s.size, lane->stream);
         }
       }
@@ -504,6 +522,7 @@ size_t XgmiBackend::Reap() {
       ReturnEvent(p->event, p->device);
       p->event = nullptr;
       p->uses.clear();
+      p->lists.clear();
     } else {
       still.push_back(std::move(p));
     }
@@ -575,6 +594,7 @@ void XgmiBackend::Shutdown() {
     }
     p->event = nullptr;  // destroyed with the pools below
     p->uses.clear();
+    p->lists.clear();
   }
   pending_.clear();
   for (auto& p : peers_.TakeAll()) p->Close();

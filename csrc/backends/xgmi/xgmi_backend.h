@@ -185,7 +185,8 @@ class XgmiBackend : public Backend {
   DeviceContext& Device(int device);
   // One transfer's segments with the addresses they are relative to.
   struct CopySource {
-    const std::vector<Segment>* segs;
+    SegmentSpan segs;
+    uint64_t device_view;  // of segs' entries when the GPU can read them in place (DeviceViewOf), else 0
     uint64_t dst_base;
     uint64_t src_base;
     bool is_read;
@@ -200,6 +201,7 @@ class XgmiBackend : public Backend {
     MemoryUse use;
     CopySource source;
     uint64_t bytes;
+    SharedSegments list;  // holds source.segs
   };
   // Segments that average fewer bytes than kernel_max_avg_bytes.
   bool SmallSegments(size_t segments, uint64_t total) const;
@@ -213,8 +215,9 @@ class XgmiBackend : public Backend {
   // failure leaves it to the caller, who ends its status).
   void EnqueueAlone(int dev, Prepared& p);
   // Enqueues the copy kernel(s) for the sources' `segments` segments
-  // (`total` bytes, none empty) on `lane`.
-  void EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
+  // (`total` bytes, none empty) on `lane`. True when the kernel reads the
+  // sources' lists in place: they must then live until it ran.
+  bool EnqueueKernel(DeviceContext& dc, DeviceContext::Lane& lane, const std::vector<CopySource>& sources,
                      size_t segments, uint64_t total);
   // A list of at least `entries` entries: the oldest idle one when the GPU
   // is done with it, else a new one while fewer than num_streams exist.

@@ -1,0 +1,26 @@
+// Batches' segment lists in page-locked, device-mapped host memory, so that
+// the XGMI copy kernel reads a validated list where it was built (the
+// SegmentMemory of core/segments.h). Blocks are cached by power-of-two size
+// and kept for the process: pinning is slow and batches come and go.
+//
+// Vendor-free: built on gpu_runtime.h only.
+#pragma once
+
+#include <cstdint>
+
+namespace mori_torch {
+namespace xgmi {
+
+// Installs the pinned segment memory for the process (idempotent). Lists
+// allocated afterwards, up to kLargestPinnedList bytes each and
+// kMaxPinnedListBytes in all,
+// are pinned; others stay on the heap and are copied as before. What the
+// cache holds: gpu::PinnedBytes(gpu::PinnedUse::kSegmentLists).
+void UsePinnedSegmentLists();
+
+constexpr uint64_t kSmallestPinnedList = uint64_t{4} << 10;
+constexpr uint64_t kLargestPinnedList = uint64_t{4} << 20;  // a pooled batch's most: 131,072 entries
+constexpr uint64_t kMaxPinnedListBytes = uint64_t{64} << 20;
+
+}  // namespace xgmi
+}  // namespace mori_torch
