@@ -164,6 +164,57 @@ def test_status_completes_by_polling_alone(gpu_pair):
     assert bool((remote == 5).all())
 
 
+@pytest.mark.parametrize("where", ["same-device", "cross-device"])
+def test_shutdown_while_threads_submit_ends_every_status(where):
+    """The engine shuts down while four threads keep submitting single
+    transfers and page batches: every status a call returned ends (success,
+    or an error: the backend or peer is gone), calls made afterwards fail
+    cleanly, and what was reported copied was copied."""
+    import threading
+
+    a, b, local, remote, ld, rd = _pair_with(where)
+    local.fill_(3)
+    settle()
+    sess = a.create_session(ld, rd)
+    offs = torch.randperm(2048, generator=torch.Generator().manual_seed(1))[:64] * 4096
+    sizes = torch.full((64,), 4096)
+    returned, raised = [], []
+    shutting, shut = threading.Event(), threading.Event()
+
+    def submit(k):
+        after = 0
+        while after < 50:  # calls once shutdown() returned
+            after += shut.is_set()
+            try:
+                st = sess.write(0, 0, 4096, 1) if k % 2 else sess.batch_write(offs, offs, sizes, 1)
+            except Exception as e:  # noqa: BLE001 - any refusal is fine once the engine is going
+                raised.append((shutting.is_set(), repr(e)))
+                return
+            returned.append((k % 2, st))
+
+    threads = [threading.Thread(target=submit, args=(k,), daemon=True) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    shutting.set()
+    a.shutdown()
+    shut.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a submitting call hung after shutdown"
+    assert not [r for r in raised if not r[0]], f"calls failed before the shutdown: {raised[:3]}"
+    codes = [(single, st.WaitFor(10000)) for single, st in returned]
+    pending = sum(c in (StatusCode.INIT, StatusCode.IN_PROGRESS) for _, c in codes)
+    assert pending == 0, f"{pending} of {len(codes)} statuses never ended"
+    settle()
+    for single, region in ((1, remote[:4096]), (0, remote.view(-1, 4096)[offs // 4096])):
+        if (single, StatusCode.SUCCESS) in codes:
+            assert int(region.ne(3).sum()) == 0, "a transfer reported done did not copy"
+        else:
+            pytest.fail(f"no {'single transfer' if single else 'batch'} succeeded before the shutdown")
+    b.shutdown()
+
+
 def test_backend_chosen_by_memory_kind():
     a, b = xgmi_engine("auto-a", tcp=True), xgmi_engine("auto-b", tcp=True)
     a.register_remote_engine(b.get_engine_desc())

@@ -566,6 +566,9 @@ void XgmiBackend::CompletionLoop() {
 void XgmiBackend::Shutdown() {
   if (shut_.exchange(true)) return;
   ownership_->SetRevoker(nullptr);  // waits for a revocation in progress
+  // Submitters check shut_ under their peer's use lock: once the ones past
+  // the check have enqueued, nothing new reaches the streams or pending_.
+  for (auto& p : peers_.All()) p->AwaitSubmitters();
   {
     // The completion thread checks shut_ under this mutex: no lost wake-up.
     std::lock_guard<std::mutex> lk(pending_mu_);

@@ -86,6 +86,9 @@ class XgmiPeer : public BackendPeer {
   // Held (shared) from RemoteAddress until the copies that use the address
   // are enqueued: revocation takes it exclusively.
   std::shared_lock<std::shared_mutex> UseLock() { return std::shared_lock<std::shared_mutex>(use_mu_); }
+  // Returns once no submitter is between its closed check and the end of its
+  // enqueue (they hold UseLock across both).
+  void AwaitSubmitters() { std::unique_lock<std::shared_mutex> use(use_mu_); }
   // op's remote memory as mapped here, in *base; false with op.status ended
   // when the peer is closed or the memory cannot be mapped. `lookup_only`:
   // only a mapping made before counts (no watch, no IPC open).

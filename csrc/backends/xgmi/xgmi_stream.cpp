@@ -16,13 +16,15 @@ void XgmiPeer::PrepareStream(const LocalMemory& local, const MemoryDesc& remote)
 
 void XgmiPeer::LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote, gpu::StreamCopyArgs args,
                               gpu::Stream stream) {
-  if (closed_.load() || backend_->shut_down()) {
-    throw Error(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
-  }
   // Mapping is cached after PrepareStream; the scope keeps a first mapping
   // from invalidating a capture in progress on this thread.
   gpu::RelaxedCaptureScope relaxed;
   std::shared_lock<std::shared_mutex> use(use_mu_);  // held until the kernel is enqueued
+  // Checked under the lock: a shutdown that waited for submitters
+  // (AwaitSubmitters) unmaps nothing this kernel still uses.
+  if (closed_.load() || backend_->shut_down()) {
+    throw Error(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
+  }
   args.remote_base = RemoteBase(remote, local.desc.device_id, true);
   args.remote_size = remote.size;
   gpu::LaunchStreamCopy(args, stream);
