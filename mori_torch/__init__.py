@@ -35,9 +35,10 @@ def pinned_host_bytes() -> int:
 
 
 def pinned_segment_list_bytes() -> int:
-    """Bytes of host memory pinned for transfers' segment lists, which the
-    XGMI copy kernel reads where they were built (a process-wide cache,
-    kept once an XGMI backend has existed; at most 64 MiB)."""
+    """Bytes of host memory pinned for long transfers' segment lists (1,365
+    entries or more), which the XGMI copy kernel reads where they were built
+    (a process-wide cache, kept once an XGMI backend has existed; at most
+    64 MiB)."""
     return torch.classes.mori.Engine.pinned_segment_list_bytes()
 
 

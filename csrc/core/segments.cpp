@@ -15,6 +15,7 @@ namespace mori_torch {
 namespace {
 
 std::atomic<SegmentMemory*> g_segment_memory{nullptr};
+std::atomic<uint64_t> g_segment_memory_generation{0};  // bumped by every UseSegmentMemory
 
 // Every list block starts with this header (a cache line, so entries stay
 // 64-byte aligned): where the block came from and how to free it.
@@ -22,6 +23,7 @@ struct alignas(64) BlockHeader {
   SegmentMemory* owner;  // null: the heap
   uint64_t device_view;  // of the block, 0 on the heap
   size_t bytes;          // of the block, header included
+  uint64_t generation;   // of the SegmentMemory in place when it was allocated
 };
 
 BlockHeader* HeaderOf(const void* p) {
@@ -30,13 +32,17 @@ BlockHeader* HeaderOf(const void* p) {
 
 }  // namespace
 
-void UseSegmentMemory(SegmentMemory* memory) { g_segment_memory.store(memory); }
+void UseSegmentMemory(SegmentMemory* memory) {
+  g_segment_memory.store(memory);
+  g_segment_memory_generation.fetch_add(1);
+}
 
 namespace segment_alloc {
 
 void* Allocate(size_t bytes) {
   if (bytes > SIZE_MAX - sizeof(BlockHeader)) throw std::bad_alloc();
   const size_t total = bytes + sizeof(BlockHeader);
+  const uint64_t generation = g_segment_memory_generation.load();
   SegmentMemory* owner = g_segment_memory.load();
   uint64_t view = 0;
   void* block = owner ? owner->Allocate(total, &view) : nullptr;
@@ -45,7 +51,7 @@ void* Allocate(size_t bytes) {
     view = 0;
     block = ::operator new(total, std::align_val_t{alignof(BlockHeader)});
   }
-  auto* h = new (block) BlockHeader{owner, view, total};
+  auto* h = new (block) BlockHeader{owner, view, total, generation};
   return h + 1;
 }
 
@@ -71,7 +77,7 @@ uint64_t DeviceView(const void* p) {
 }  // namespace segment_alloc
 
 bool InCurrentSegmentMemory(const SegmentVector& segs) {
-  return segs.capacity() == 0 || HeaderOf(segs.data())->owner == g_segment_memory.load();
+  return segs.capacity() == 0 || HeaderOf(segs.data())->generation == g_segment_memory_generation.load();
 }
 
 uint64_t TotalBytes(SegmentSpan segs) {

@@ -67,8 +67,8 @@ using SegmentVector = std::vector<Segment, SegmentAllocator<Segment>>;
 inline uint64_t DeviceViewOf(const SegmentVector& segs) {
   return segs.capacity() == 0 ? 0 : segment_alloc::DeviceView(segs.data());
 }
-// True when `segs` was allocated by the SegmentMemory installed now (or on
-// the heap when none is).
+// True when `segs` was allocated while the SegmentMemory installed now was
+// (by it, or on the heap where it declined).
 bool InCurrentSegmentMemory(const SegmentVector& segs);
 
 // A read-only view of consecutive segments: a batch's list or any vector.

@@ -393,3 +393,31 @@ TEST_F(SegmentMemoryTest, PooledBatchesMoveToTheInstalledMemory) {
 
 }  // namespace
 }  // namespace mori_torch
+
+namespace mori_torch {
+namespace {
+
+TEST_F(SegmentMemoryTest, APooledListTheMemoryDeclinedIsKeptOnReuse) {
+  if (!SegmentBatchesPooled()) GTEST_SKIP() << "sanitizer builds pool no batches";
+  CountingMemory mem;
+  mem.refuse = true;  // as the pinned memory does for short lists
+  UseSegmentMemory(&mem);
+  std::vector<const Segment*> before;
+  {
+    std::vector<std::shared_ptr<SegmentBatch>> taken;
+    for (int i = 0; i < 8; ++i) {
+      taken.push_back(NewSegmentBatch());
+      taken.back()->segs.resize(256);
+      before.push_back(taken.back()->segs.data());
+    }
+  }
+  std::vector<std::shared_ptr<SegmentBatch>> again;
+  for (int i = 0; i < 8; ++i) {
+    again.push_back(NewSegmentBatch());
+    EXPECT_GE(again.back()->segs.capacity(), 256u) << "a heap list allocated under this memory was let go";
+    EXPECT_NE(std::find(before.begin(), before.end(), again.back()->segs.data()), before.end());
+  }
+}
+
+}  // namespace
+}  // namespace mori_torch

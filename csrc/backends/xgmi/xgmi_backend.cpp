@@ -338,6 +338,7 @@ void XgmiBackend::Run(TransferOp op, uint64_t remote_base) {
 }
 
 void XgmiBackend::SubmitGroup(std::vector<PeerOp> ops) {
+  SubmitScope submitting(this);
   // First each memory is mapped (a watch round trip and an IPC open on its
   // first use) under its own peer's lock only, as Submit does: a slow owner
   // never holds up another owner's revocation.
@@ -564,11 +565,12 @@ void XgmiBackend::CompletionLoop() {
 }
 
 void XgmiBackend::Shutdown() {
+  gpu::RelaxedCaptureScope relaxed;  // its waits must not break a capture elsewhere
   if (shut_.exchange(true)) return;
   ownership_->SetRevoker(nullptr);  // waits for a revocation in progress
-  // Submitters check shut_ under their peer's use lock: once the ones past
-  // the check have enqueued, nothing new reaches the streams or pending_.
-  for (auto& p : peers_.All()) p->AwaitSubmitters();
+  // Submitters that saw shut_ false finish enqueuing first (peers removed
+  // from the cache too): nothing new reaches the streams or pending_ after.
+  while (submitting_.load() != 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
   {
     // The completion thread checks shut_ under this mutex: no lost wake-up.
     std::lock_guard<std::mutex> lk(pending_mu_);
@@ -577,11 +579,13 @@ void XgmiBackend::Shutdown() {
   if (completion_thread_.joinable()) completion_thread_.join();
   // Let running copies finish: their memory may be freed once we return.
   std::lock_guard<std::mutex> lk(dev_mu_);
+  bool all_ran = true;
   for (auto& kv : devices_) {
     for (auto& lane : kv.second->lanes) {
       try {
         gpu::SynchronizeStream(lane->stream);
       } catch (const Error& e) {
+        all_ran = false;
         MORI_LOG(Error, "XGMI shutdown: " << e.what());
       }
     }
@@ -597,6 +601,11 @@ void XgmiBackend::Shutdown() {
     }
     p->event = nullptr;  // destroyed with the pools below
     p->uses.clear();
+    // A kernel that may still run reads its lists: they are never reused
+    // (kept for the process) rather than rewritten under it.
+    if (!all_ran) {
+      for (SharedSegments& l : p->lists) new SharedSegments(std::move(l));
+    }
     p->lists.clear();
   }
   pending_.clear();
@@ -781,6 +790,7 @@ bool XgmiPeer::RemoteAddress(TransferOp& op, uint64_t* base, bool lookup_only) {
 }
 
 void XgmiPeer::Submit(TransferOp op) {
+  XgmiBackend::SubmitScope submitting(backend_);
   std::shared_lock<std::shared_mutex> use = UseLock();
   uint64_t base = 0;
   if (RemoteAddress(op, &base)) backend_->Run(std::move(op), base);

@@ -86,9 +86,6 @@ class XgmiPeer : public BackendPeer {
   // Held (shared) from RemoteAddress until the copies that use the address
   // are enqueued: revocation takes it exclusively.
   std::shared_lock<std::shared_mutex> UseLock() { return std::shared_lock<std::shared_mutex>(use_mu_); }
-  // Returns once no submitter is between its closed check and the end of its
-  // enqueue (they hold UseLock across both).
-  void AwaitSubmitters() { std::unique_lock<std::shared_mutex> use(use_mu_); }
   // op's remote memory as mapped here, in *base; false with op.status ended
   // when the peer is closed or the memory cannot be mapped. `lookup_only`:
   // only a mapping made before counts (no watch, no IPC open).
@@ -183,6 +180,19 @@ class XgmiBackend : public Backend {
   const BackendContext& ctx() const { return ctx_; }
   MemoryOwnership& ownership() { return *ownership_; }
   bool shut_down() const { return shut_.load(); }
+  // Held by a submitter from before its shut-down check to the end of its
+  // enqueue or launch; Shutdown waits until none is. A count, not a lock:
+  // a stream of submitters turned away cannot starve the shutdown.
+  class SubmitScope {
+   public:
+    explicit SubmitScope(XgmiBackend* b) : b_(b) { b_->submitting_.fetch_add(1); }
+    ~SubmitScope() { b_->submitting_.fetch_sub(1); }
+    SubmitScope(const SubmitScope&) = delete;
+    SubmitScope& operator=(const SubmitScope&) = delete;
+
+   private:
+    XgmiBackend* b_;
+  };
 
  private:
   DeviceContext& Device(int device);
@@ -237,6 +247,7 @@ class XgmiBackend : public Backend {
   const BackendContext ctx_;
   std::shared_ptr<MemoryOwnership> ownership_;
   std::atomic<bool> shut_{false};
+  std::atomic<int64_t> submitting_{0};  // SubmitScopes alive
 
   std::mutex dev_mu_;
   std::unordered_map<int, std::unique_ptr<DeviceContext>> devices_;

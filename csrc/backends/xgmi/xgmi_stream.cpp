@@ -19,9 +19,8 @@ void XgmiPeer::LaunchOnStream(const LocalMemory& local, const MemoryDesc& remote
   // Mapping is cached after PrepareStream; the scope keeps a first mapping
   // from invalidating a capture in progress on this thread.
   gpu::RelaxedCaptureScope relaxed;
+  XgmiBackend::SubmitScope submitting(backend_);     // entered before the check: Shutdown waits for it
   std::shared_lock<std::shared_mutex> use(use_mu_);  // held until the kernel is enqueued
-  // Checked under the lock: a shutdown that waited for submitters
-  // (AwaitSubmitters) unmaps nothing this kernel still uses.
   if (closed_.load() || backend_->shut_down()) {
     throw Error(StatusCode::ERR_BAD_STATE, "XGMI peer '" + remote_.key + "' is closed");
   }
