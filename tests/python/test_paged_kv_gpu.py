@@ -217,7 +217,7 @@ def test_compiled_step_matches_eager(link):
     k = link
     torch._dynamo.reset()
     names = list(k.local)
-    w = torch.randn(C2, 8, device="cuda")
+    w = torch.randn(C2, 8, generator=torch.Generator().manual_seed(4)).to("cuda")
     page = {n: k.ll.layers[n].seg_bytes for n in names}
     assert all(k.ll.layers[n].page_aligned and k.rl.layers[n].page_aligned for n in names)
 
@@ -245,8 +245,11 @@ def test_compiled_step_matches_eager(link):
     want = run(step)
     got = run(torch.compile(step, fullgraph=True))
     # The bytes are checked exactly in run(); the float sums of eager and
-    # inductor kernels may differ in the last digits (reduction order).
-    assert torch.allclose(want, got, rtol=1e-4, atol=1e-2)
+    # inductor kernels may differ in the last digits (reduction order), by
+    # an amount that follows the size of the terms, not of the sum: a sum
+    # that lands near 0 (-283.6 against -283.58, terms in the thousands)
+    # failed a tolerance relative to itself. Scaled by the largest sum.
+    assert torch.allclose(want, got, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
 def test_tcp_refuses_gpu_memory_served_in_this_process():
