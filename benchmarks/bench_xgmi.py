@@ -20,6 +20,8 @@ Cases:
   lists to tensors;
 - host time per segment to submit a 16,384-segment session batch;
 - a 4 KiB write's latency, call to Succeeded() polled from Python, p50/p99;
+- --latency-rounds N: only that latency, N rounds with torch's copy_ + event
+  poll taking turns (p50 / p90 / p99 / p99.9 each);
 - --latency-breakdown: where that latency goes (TorchScript call cost, io.py
   wrapper, submit alone, Wait() instead of polling, the kernel instead of the
   copy engines, torch's own copy_ of 4 KiB);
@@ -27,6 +29,7 @@ Cases:
   behind XgmiBackendConfig's kernel_min_segments / kernel_max_avg_bytes.
 """
 import argparse
+import gc
 import json
 import platform
 import random
@@ -65,6 +68,26 @@ def median_time(fn, iters, warmup=3):
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def timed_samples(once, n, warmup=200):
+    """Microseconds of `once` (which returns its start, the end of its call
+    and its end): the whole and the call alone, `n` samples after `warmup`
+    untimed ones, with Python's cyclic GC off while timing (as timeit does)."""
+    for _ in range(warmup):
+        once()
+    torch.cuda.synchronize()
+    total, call = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(n):
+            t0, t1, t2 = once()
+            total.append((t2 - t0) * 1e6)
+            call.append((t1 - t0) * 1e6)
+    finally:
+        gc.enable()
+    return total, call
 
 
 def percentiles(samples_us):
@@ -186,9 +209,9 @@ class Bench:
     def latency(self, sess, label, n=3000, use_wait=False, raw=False):
         """4 KiB write, call to Succeeded() (or to the end of Wait()); also
         the part spent in the submitting call alone."""
-        lat, sub = [], []
         write = sess._s.write if raw else sess.write
-        for _ in range(n):
+
+        def once():
             t0 = time.perf_counter()
             st = write(0, 0, 4096, 1)
             t1 = time.perf_counter()
@@ -197,16 +220,62 @@ class Bench:
             else:
                 while not st.Succeeded():
                     pass
-            lat.append((time.perf_counter() - t0) * 1e6)
-            sub.append((t1 - t0) * 1e6)
-        p50, p99 = percentiles(lat[200:])
-        s50, s99 = percentiles(sub[200:])
+            return t0, t1, time.perf_counter()
+        lat, sub = timed_samples(once, n)
+        p50, p99 = percentiles(lat)
+        s50, s99 = percentiles(sub)
         print(f"4 KiB write latency, {label}: p50 {p50:.1f} us, p99 {p99:.1f} us (the call itself: p50 {s50:.1f} us,"
               f" p99 {s99:.1f} us)", flush=True)
         self.records.append(dict(backend="xgmi", op="write", mem="gpu", segment_bytes=4096, segments=1,
                                  metric="latency", variant=label, p50_us=p50, p99_us=p99, submit_p50_us=s50,
                                  submit_p99_us=s99, machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
         return p50
+
+    def copy_and_poll_once(self):
+        """torch's own 4 KiB copy between the same devices, polled by an event."""
+        ev, src, dst = torch.cuda.Event(), self.src[:4096], self.dst[:4096]
+
+        def once():
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            ev.record()
+            t1 = time.perf_counter()
+            while not ev.query():
+                pass
+            return t0, t1, time.perf_counter()
+        return once
+
+    def latency_rounds(self, sess, rounds, n=3000):
+        """Issue #14's latency case `rounds` times: a 4 KiB write, call to
+        Succeeded() polled, and torch's copy_ + event poll taking turns in
+        each round, `n` samples each; p50, p90, p99, p99.9 and p99/p50."""
+        def ours():
+            t0 = time.perf_counter()
+            st = sess.write(0, 0, 4096, 1)
+            t1 = time.perf_counter()
+            while not st.Succeeded():
+                pass
+            return t0, t1, time.perf_counter()
+        cases = (("mori_torch write, call to Succeeded()", ours),
+                 ("torch copy_ + event poll", self.copy_and_poll_once()))
+        print(f"4 KiB latency, {rounds} rounds of {n} samples, us: p50 / p90 / p99 / p99.9, p99/p50")
+        rows = {label: [] for label, _ in cases}
+        for r in range(rounds):
+            for label, once in cases:
+                lat = sorted(timed_samples(once, n)[0])
+                q = {k: lat[min(len(lat) - 1, int(len(lat) * f))] for k, f in
+                     (("p50", .5), ("p90", .9), ("p99", .99), ("p999", .999))}
+                rows[label].append(q)
+                print(f"  round {r} {label:38} {q['p50']:6.1f} {q['p90']:6.1f} {q['p99']:6.1f} {q['p999']:7.1f}"
+                      f"  {q['p99'] / q['p50']:.2f}", flush=True)
+                self.records.append(dict(backend="xgmi" if once is ours else "torch", op="write", segment_bytes=4096,
+                                         segments=1, metric="latency_round", variant=label, round=r, samples=n,
+                                         p50_us=q["p50"], p90_us=q["p90"], p99_us=q["p99"], p999_us=q["p999"],
+                                         machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
+        mine, base = rows[cases[0][0]], rows[cases[1][0]]
+        print(f"  rounds with our p50 <= copy_ + poll's: {sum(m['p50'] <= b['p50'] for m, b in zip(mine, base))}"
+              f"/{rounds}; our p99 <= 2 x p50: {sum(m['p99'] <= 2 * m['p50'] for m in mine)}/{rounds}"
+              f" (copy_ + poll: {sum(b['p99'] <= 2 * b['p50'] for b in base)}/{rounds})", flush=True)
 
     def call_cost(self, label, fn, n=20000):
         for _ in range(500):
@@ -230,16 +299,7 @@ class Bench:
         self.call_cost("same, method fetched each time", lambda: nat.alive())
         self.call_cost("io.py Succeeded() on a finished status", done.Succeeded)
         # torch's own 4 KiB copy between the same devices, polled by an event.
-        ev = torch.cuda.Event()
-        lat = []
-        for _ in range(3000):
-            t0 = time.perf_counter()
-            self.dst[:4096].copy_(self.src[:4096], non_blocking=True)
-            ev.record()
-            while not ev.query():
-                pass
-            lat.append((time.perf_counter() - t0) * 1e6)
-        p50, p99 = percentiles(lat[200:])
+        p50, p99 = percentiles(timed_samples(self.copy_and_poll_once(), 3000)[0])
         print(f"torch copy_ of 4 KiB + event poll: p50 {p50:.1f} us, p99 {p99:.1f} us")
         self.records.append(dict(backend="torch", op="copy_", segment_bytes=4096, segments=1, metric="latency",
                                  variant="torch copy_ + event poll", p50_us=p50, p99_us=p99, machine=self.machine))
@@ -289,7 +349,10 @@ class Bench:
                                  kernel_max_avg_bytes=best[2], mean_slowdown=best[0], defaults_slowdown=now,
                                  machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
 
-    def shutdown(self):
+    def save_and_shutdown(self):
+        if self.args.json:
+            with open(self.args.json, "w") as f:
+                json.dump(self.records, f, indent=1)
         for e in self.engines:
             e.shutdown()
 
@@ -303,10 +366,16 @@ def main():
     ap.add_argument("--same-device", action="store_true", help="both buffers on cuda:0 even with two GPUs")
     ap.add_argument("--grid", action="store_true", help="kernel vs copy engines over count x size")
     ap.add_argument("--latency-breakdown", action="store_true")
+    ap.add_argument("--latency-rounds", type=int, default=0,
+                    help="only the 4 KiB latency against copy_ + event poll, this many rounds taking turns")
     args = ap.parse_args()
     bench = Bench(args)
     print(f"{bench.machine}: {bench.src_dev} -> {bench.dst_dev}", flush=True)
     sess = bench.session()
+    if args.latency_rounds:
+        bench.latency_rounds(sess, args.latency_rounds)
+        bench.save_and_shutdown()
+        return
     bench.batches_in_flight(sess)
     bench.submit_cost(sess)
     bench.latency(sess, "io.py, default config")
@@ -314,10 +383,7 @@ def main():
         bench.latency_breakdown(sess, bench.session(**KERNEL_ALWAYS))
     if args.grid:
         bench.grid()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(bench.records, f, indent=1)
-    bench.shutdown()
+    bench.save_and_shutdown()
 
 
 if __name__ == "__main__":

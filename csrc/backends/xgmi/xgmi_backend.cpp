@@ -10,6 +10,7 @@
 
 #include "backends/xgmi/pinned_segment_lists.h"
 #include "base/config_table.h"
+#include "core/cpu.h"
 #include "core/local_engines.h"
 #include "core/logging.h"
 #include "core/thread_name.h"
@@ -34,11 +35,13 @@ XgmiConfig XgmiConfig::FromMap(const BackendConfig& m) {
 // their statuses' progress hooks (which may outlive the backend, so they
 // hold only this object).
 struct PendingCopy {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point enqueued = Clock::now();
   std::mutex mu;
   std::vector<StatusPtr> statuses;
   gpu::Event event = nullptr;  // null once released
   int device = -1;
-  bool done = false;
+  std::atomic<bool> done{false};  // written under mu; read without it to skip work
   std::vector<MemoryUse> uses;
   std::vector<SharedSegments> lists;  // read in place by the kernel, until done
   LanePicker* picker = nullptr;       // the lane taken for the copies, until done
@@ -53,8 +56,20 @@ struct PendingCopy {
 
   // Checks the event; ends the statuses when the copies finished or failed.
   void Poll() {
+    std::unique_lock<std::mutex> lk(mu);
+    PollLocked();
+  }
+  // The same, unless another thread polls it now (that one ends it): a
+  // poller never sleeps on the lock, whose wake-up cost a polling caller
+  // 10-20 us on the GPU VMs.
+  void TryPoll() {
+    std::unique_lock<std::mutex> lk(mu, std::try_to_lock);
+    if (lk.owns_lock()) PollLocked();
+  }
+
+ private:
+  void PollLocked() {
     gpu::RelaxedCaptureScope relaxed;  // callers' threads must not break a capture elsewhere
-    std::lock_guard<std::mutex> lk(mu);
     if (done || !event) return;
     StatusCode code = StatusCode::SUCCESS;
     std::string msg;
@@ -149,7 +164,8 @@ DeviceContext& XgmiBackend::Device(int device) {
 
 gpu::Event XgmiBackend::TakeEvent(int device) {
   {
-    std::lock_guard<std::mutex> lk(event_mu_);
+    LockSpinningFirst(event_mu_);  // the completion thread returns events under it
+    std::lock_guard<std::mutex> lk(event_mu_, std::adopt_lock);
     auto& pool = free_events_[device];
     if (!pool.empty()) {
       gpu::Event e = pool.back();
@@ -499,38 +515,46 @@ void XgmiBackend::Enqueue(int dev, std::vector<Prepared> batch) {
     for (const Prepared& p : batch) p.status->Update(code, msg);
     return;
   }
-  for (const StatusPtr& s : pending->statuses) s->SetProgressHook([pending] { pending->Poll(); });
+  for (const StatusPtr& s : pending->statuses) s->SetProgressHook([pending] { pending->TryPoll(); });
   bool wake;
   {
-    std::lock_guard<std::mutex> lk(pending_mu_);
+    LockSpinningFirst(pending_mu_);  // the completion thread swaps the queue under it
+    std::lock_guard<std::mutex> lk(pending_mu_, std::adopt_lock);
     pending_.push_back(pending);
     wake = reaper_asleep_;
   }
   if (wake) pending_cv_.notify_one();
 }
 
-size_t XgmiBackend::Reap() {
+std::chrono::microseconds XgmiBackend::Reap() {
   std::deque<std::shared_ptr<PendingCopy>> work;
   {
     std::lock_guard<std::mutex> lk(pending_mu_);
     work.swap(pending_);
   }
+  const auto now = PendingCopy::Clock::now();
+  auto next = kReapNap;
   std::deque<std::shared_ptr<PendingCopy>> still;
   for (auto& p : work) {
-    p->Poll();
-    std::lock_guard<std::mutex> lk(p->mu);
-    if (p->done) {
+    // A running copy younger than kLeftToPollers is its pollers' to end:
+    // this thread's event queries would contend with theirs in the driver.
+    const auto left = p->enqueued + kLeftToPollers - now;
+    const bool young = left > std::chrono::microseconds(0);
+    if (!young) p->TryPoll();
+    std::unique_lock<std::mutex> lk(p->mu, std::defer_lock);
+    if (p->done.load() && lk.try_lock()) {  // the lock is a poller's for a moment: next pass
       ReturnEvent(p->event, p->device);
       p->event = nullptr;
       p->uses.clear();
       p->lists.clear();
-    } else {
-      still.push_back(std::move(p));
+      continue;
     }
+    next = std::min(next, young ? std::chrono::duration_cast<std::chrono::microseconds>(left) : kReapPoll);
+    still.push_back(std::move(p));
   }
   std::lock_guard<std::mutex> lk(pending_mu_);
   for (auto& p : still) pending_.push_front(std::move(p));
-  return pending_.size();
+  return pending_.empty() ? std::chrono::microseconds(0) : std::max(next, std::chrono::microseconds(1));
 }
 
 void XgmiBackend::CompletionLoop() {
@@ -538,10 +562,11 @@ void XgmiBackend::CompletionLoop() {
   // While transfers come and go the thread naps briefly instead of being
   // woken per transfer: a wake-up cost the submitting thread 3-4 us (p50 on
   // the build VM), a fifth of a small transfer's submission. After kSleepAfterIdle
-  // without work it sleeps until Run wakes it. Statuses nobody polls end
-  // within about a nap; polled ones as soon as their copies are done.
+  // without work it sleeps until Run wakes it. Polled statuses end as soon
+  // as their copies are done; statuses nobody polls within kLeftToPollers
+  // plus kReapPoll of it.
   using Clock = std::chrono::steady_clock;
-  constexpr auto kNap = std::chrono::microseconds(200);
+  constexpr auto kNap = kReapNap;
   constexpr auto kSleepAfterIdle = std::chrono::milliseconds(20);
   auto idle_since = Clock::now();
   while (true) {
@@ -559,7 +584,8 @@ void XgmiBackend::CompletionLoop() {
       if (shut_.load()) return;
       if (pending_.empty()) continue;
     }
-    if (Reap() > 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    const auto again = Reap();
+    if (again.count() > 0) std::this_thread::sleep_for(again);
     idle_since = Clock::now();
   }
 }
