@@ -37,11 +37,18 @@ TEST(LockSpinningFirstTest, ExcludesOtherHoldersLikeTheMutex) {
 
 TEST(LockSpinningFirstTest, TakesAFreeMutexAndLeavesItHeld) {
   std::mutex m;
+  auto taken_elsewhere = [&] {  // try_lock from another thread (the owner's own is undefined)
+    bool took = false;
+    std::thread([&] {
+      took = m.try_lock();
+      if (took) m.unlock();
+    }).join();
+    return took;
+  };
   LockSpinningFirst(m);
-  EXPECT_FALSE(m.try_lock());
+  EXPECT_FALSE(taken_elsewhere());
   m.unlock();
-  EXPECT_TRUE(m.try_lock());
-  m.unlock();
+  EXPECT_TRUE(taken_elsewhere());
 }
 
 TEST(LockSpinningFirstTest, WaitsForAHolderPastItsSpinsAndThenGetsTheLock) {

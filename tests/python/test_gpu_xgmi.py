@@ -187,24 +187,28 @@ def test_status_nobody_polls_ends_by_itself(gpu_pair):
 def _poll_small_transfers(conn, transfers):
     """In a fresh process (no threads left behind by other tests): polls
     4 KiB writes to their end and sends back the polling thread's voluntary
-    context switches while it polled, and whether the bytes arrived."""
-    a, b, local, remote, ld, rd = _pair_with("same-device")
-    sess = a.create_session(ld, rd)
-    local[:4096] = rand_bytes(4096, "cuda:0", 11)
-    torch.cuda.synchronize()
-    slept = 0
-    for i in range(200 + transfers):
-        st = sess.write(0, 0, 4096, 1)
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
-        while not st.Succeeded():
-            if st.Failed():
-                conn.send(("failed", st.Message()))
-                return
-        if i >= 200:
-            slept += resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
-    conn.send((slept, torch.equal(remote[:4096], local[:4096])))
-    a.shutdown()
-    b.shutdown()
+    context switches while it polled, and whether the bytes arrived (or
+    what went wrong)."""
+    try:
+        a, b, local, remote, ld, rd = _pair_with("same-device")
+        sess = a.create_session(ld, rd)
+        local[:4096] = rand_bytes(4096, "cuda:0", 11)
+        torch.cuda.synchronize()
+        slept = 0
+        for i in range(200 + transfers):
+            st = sess.write(0, 0, 4096, 1)
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+            while not st.Succeeded():
+                assert not st.Failed(), st.Message()
+            if i >= 200:
+                slept += resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        conn.send((slept, torch.equal(remote[:4096], local[:4096])))
+        a.shutdown()
+        b.shutdown()
+    except BaseException:
+        import traceback
+
+        conn.send(("failed", traceback.format_exc()))
 
 
 def test_polling_small_transfers_never_sleeps_the_caller():
