@@ -206,9 +206,10 @@ class Bench:
                                      metric=f"submit_ns_per_segment_{form}", value=per_seg_ns,
                                      machine=self.machine, devices=f"{self.src_dev}->{self.dst_dev}"))
 
-    def latency(self, sess, label, n=3000, use_wait=False, raw=False):
-        """4 KiB write, call to Succeeded() (or to the end of Wait()); also
-        the part spent in the submitting call alone."""
+    @staticmethod
+    def write_once(sess, use_wait=False, raw=False):
+        """One 4 KiB write, call to Succeeded() polled (or to the end of
+        Wait()), through io.py or the raw TorchScript session."""
         write = sess._s.write if raw else sess.write
 
         def once():
@@ -221,7 +222,12 @@ class Bench:
                 while not st.Succeeded():
                     pass
             return t0, t1, time.perf_counter()
-        lat, sub = timed_samples(once, n)
+        return once
+
+    def latency(self, sess, label, n=3000, use_wait=False, raw=False):
+        """4 KiB write, call to Succeeded() (or to the end of Wait()); also
+        the part spent in the submitting call alone."""
+        lat, sub = timed_samples(self.write_once(sess, use_wait, raw), n)
         p50, p99 = percentiles(lat)
         s50, s99 = percentiles(sub)
         print(f"4 KiB write latency, {label}: p50 {p50:.1f} us, p99 {p99:.1f} us (the call itself: p50 {s50:.1f} us,"
@@ -249,13 +255,7 @@ class Bench:
         """Issue #14's latency case `rounds` times: a 4 KiB write, call to
         Succeeded() polled, and torch's copy_ + event poll taking turns in
         each round, `n` samples each; p50, p90, p99, p99.9 and p99/p50."""
-        def ours():
-            t0 = time.perf_counter()
-            st = sess.write(0, 0, 4096, 1)
-            t1 = time.perf_counter()
-            while not st.Succeeded():
-                pass
-            return t0, t1, time.perf_counter()
+        ours = self.write_once(sess)
         cases = (("mori_torch write, call to Succeeded()", ours),
                  ("torch copy_ + event poll", self.copy_and_poll_once()))
         print(f"4 KiB latency, {rounds} rounds of {n} samples, us: p50 / p90 / p99 / p99.9, p99/p50")

@@ -566,7 +566,6 @@ void XgmiBackend::CompletionLoop() {
   // as their copies are done; statuses nobody polls within kLeftToPollers
   // plus kReapPoll of it.
   using Clock = std::chrono::steady_clock;
-  constexpr auto kNap = kReapNap;
   constexpr auto kSleepAfterIdle = std::chrono::milliseconds(20);
   auto idle_since = Clock::now();
   while (true) {
@@ -574,7 +573,7 @@ void XgmiBackend::CompletionLoop() {
       std::unique_lock<std::mutex> lk(pending_mu_);
       if (pending_.empty() && !shut_.load()) {
         if (Clock::now() - idle_since < kSleepAfterIdle) {
-          pending_cv_.wait_for(lk, kNap);
+          pending_cv_.wait_for(lk, kReapNap);
         } else {
           reaper_asleep_ = true;
           pending_cv_.wait(lk, [&] { return shut_.load() || !pending_.empty(); });

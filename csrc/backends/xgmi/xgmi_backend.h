@@ -247,7 +247,7 @@ class XgmiBackend : public Backend {
   // The completion thread's pace: a nap while transfers come and go, a
   // short one while an old copy runs, and the age before which a copy is
   // left to its status's pollers (a 4 KiB transfer's p99 on one H200 fell
-  // from 2.1-2.5x its p50 to 1.8-1.9x once the thread stopped querying
+  // from 1.9-2.5x its p50 to 1.7-1.9x once the thread stopped querying
   // events that a caller was polling).
   static constexpr std::chrono::microseconds kReapNap{200};
   static constexpr std::chrono::microseconds kReapPoll{20};
